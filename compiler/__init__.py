@@ -1,0 +1,1 @@
+"""jitserve's compiler: ONNX models -> verified per-bucket TVM kernels."""

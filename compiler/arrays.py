@@ -1,0 +1,66 @@
+"""Seeded test inputs and output comparison, shared by verification and the
+padding-safety check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        # Small non-negative values stay valid as indices (token ids, gathers).
+        return rng.integers(0, 8, size=shape).astype(dtype)
+    return rng.standard_normal(size=shape).astype(dtype)
+
+
+def random_inputs(
+    shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int
+) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: random_array(tuple(shape), dtypes[name], rng) for name, shape in shapes.items()}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    matches: bool
+    max_abs_error: float
+    worst_output: str | None
+    detail: str
+
+
+def tolerances_for(dtype: str, rtol: float, atol: float) -> tuple[float, float]:
+    """float16 carries ~3 decimal digits: never ask more of it than that."""
+    if dtype == "float16":
+        return max(rtol, 1e-2), max(atol, 1e-2)
+    return rtol, atol
+
+
+def compare_outputs(
+    actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], rtol: float, atol: float
+) -> Comparison:
+    worst_error, worst_name, problems = 0.0, None, []
+    for name, want in expected.items():
+        got = actual.get(name)
+        if got is None:
+            problems.append(f"output {name!r} missing")
+            continue
+        if got.shape != want.shape:
+            problems.append(f"output {name!r} has shape {got.shape}, expected {want.shape}")
+            continue
+        if want.dtype == bool or np.issubdtype(want.dtype, np.integer):
+            error = float(np.max(np.abs(got.astype(np.int64) - want.astype(np.int64)), initial=0))
+            close = error == 0
+        else:
+            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+            error = float(np.nanmax(diff, initial=0.0))
+            r, a = tolerances_for(str(want.dtype), rtol, atol)
+            close = bool(np.allclose(got, want, rtol=r, atol=a, equal_nan=True))
+        if error >= worst_error:
+            worst_error, worst_name = error, name
+        if not close:
+            problems.append(f"output {name!r} differs by up to {error:.3g}")
+    return Comparison(not problems, worst_error, worst_name, "; ".join(problems) or "ok")

@@ -1,0 +1,182 @@
+"""Shape buckets: per-axis policies, the request -> bucket mapping, padding.
+
+A request shape maps to one bucket shape. Only axes whose padding-safety
+check passed are padded (see :mod:`compiler.padding`); every other symbolic
+axis is served exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field, model_validator
+
+from .errors import BadRequestError, ShapeOutOfRangeError
+from .signature import Signature
+
+Bucket = dict[str, tuple[int, ...]]
+
+
+class AxisPolicy(BaseModel):
+    """How one symbolic axis maps request sizes to bucket sizes."""
+
+    kind: Literal["pow2", "list", "exact"] = "pow2"
+    min: int = Field(1, ge=1, description="pow2: smallest bucket size")
+    max: int = Field(64, ge=1, description="pow2: largest bucket size")
+    sizes: list[int] = Field(default_factory=list, description="list: the bucket sizes")
+
+    @model_validator(mode="after")
+    def _check(self) -> AxisPolicy:
+        if self.kind == "list":
+            if not self.sizes or any(s < 1 for s in self.sizes):
+                raise ValueError("a 'list' policy needs positive sizes")
+            self.sizes = sorted(set(self.sizes))
+        if self.kind == "pow2" and self.min > self.max:
+            raise ValueError("pow2 policy has min > max")
+        return self
+
+    def bucket_size(self, size: int) -> int | None:
+        """The bucket for a request size, or None when beyond the largest bucket."""
+        if self.kind == "exact":
+            return size
+        if self.kind == "list":
+            return next((s for s in self.sizes if s >= size), None)
+        bucket = max(self.min, 1 << max(size - 1, 0).bit_length())
+        return bucket if bucket <= self.max else None
+
+
+class AxisSafety(BaseModel):
+    """Result of the padding-safety check for one symbolic axis."""
+
+    axis: str
+    safe: bool
+    reason: str
+    # output name -> indices of that output's axes that follow this axis 1:1
+    output_axes: dict[str, list[int]] = Field(default_factory=dict)
+    max_abs_error: float | None = None
+
+
+def bucket_label(bucket: Bucket) -> str:
+    """Canonical text for a bucket, e.g. ``x=8x3x48x192``."""
+    return ",".join(f"{name}={'x'.join(map(str, shape))}" for name, shape in sorted(bucket.items()))
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    request: Bucket
+    bucket: Bucket
+    request_axes: dict[str, int]
+    bucket_axes: dict[str, int]
+
+    @property
+    def padded_axes(self) -> dict[str, int]:
+        """Axis -> request size, for every axis the bucket pads."""
+        return {a: n for a, n in self.request_axes.items() if self.bucket_axes[a] != n}
+
+    def padding_waste(self) -> float:
+        """Padded elements / bucket elements, over all inputs."""
+        bucket_elems = sum(int(np.prod(s)) for s in self.bucket.values())
+        request_elems = sum(int(np.prod(s)) for s in self.request.values())
+        return 0.0 if bucket_elems == 0 else (bucket_elems - request_elems) / bucket_elems
+
+
+class BucketPlanner:
+    """Maps request shapes to buckets for one model."""
+
+    def __init__(
+        self,
+        signature: Signature,
+        policies: dict[str, AxisPolicy] | None = None,
+        safety: dict[str, AxisSafety] | None = None,
+        overflow: Literal["error", "exact"] = "error",
+    ) -> None:
+        self.signature = signature
+        self.policies = policies or {}
+        self.safety = safety or {}
+        self.overflow = overflow
+
+    def effective_policy(self, axis: str) -> AxisPolicy:
+        """An axis pads only with a policy *and* a passed safety check."""
+        policy = self.policies.get(axis)
+        check = self.safety.get(axis)
+        if policy is None or check is None or not check.safe:
+            return AxisPolicy(kind="exact")
+        return policy
+
+    def plan(self, shapes: dict[str, tuple[int, ...]]) -> BucketPlan:
+        axis_sizes: dict[str, int] = {}
+        for spec in self.signature.inputs:
+            if spec.name not in shapes:
+                raise BadRequestError(f"missing input {spec.name!r}")
+            shape = tuple(shapes[spec.name])
+            if len(shape) != spec.rank:
+                raise BadRequestError(
+                    f"input {spec.name!r} has rank {len(shape)}, expected {spec.rank} {list(spec.dims)}"
+                )
+            for index, (dim, size) in enumerate(zip(spec.dims, shape, strict=True)):
+                if isinstance(dim, int):
+                    if size != dim:
+                        raise BadRequestError(
+                            f"input {spec.name!r} axis {index} is {size}, the model fixes it at {dim}"
+                        )
+                    continue
+                if size < 1:
+                    raise BadRequestError(f"input {spec.name!r} axis {index} ({dim}) must be >= 1")
+                if axis_sizes.setdefault(dim, size) != size:
+                    raise BadRequestError(
+                        f"axis {dim!r} is {axis_sizes[dim]} in one input and {size} in {spec.name!r}"
+                    )
+        unknown = set(shapes) - set(self.signature.input_names)
+        if unknown:
+            raise BadRequestError(f"unknown input {sorted(unknown)[0]!r}; the model takes {self.signature.input_names}")
+
+        bucket_axes = {}
+        for axis, size in axis_sizes.items():
+            bucket = self.effective_policy(axis).bucket_size(size)
+            if bucket is None:
+                if self.overflow == "error":
+                    raise ShapeOutOfRangeError(
+                        f"axis {axis!r} size {size} is beyond the largest bucket "
+                        f"({self.policies[axis].max if self.policies[axis].kind == 'pow2' else self.policies[axis].sizes[-1]})"
+                    )
+                bucket = size
+            bucket_axes[axis] = bucket
+
+        request = {s.name: tuple(shapes[s.name]) for s in self.signature.inputs}
+        bucket = {
+            s.name: tuple(d if isinstance(d, int) else bucket_axes[d] for d in s.dims)
+            for s in self.signature.inputs
+        }
+        return BucketPlan(request, bucket, axis_sizes, bucket_axes)
+
+    def pad(self, inputs: dict[str, np.ndarray], plan: BucketPlan, pad_values: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+        return pad_inputs(inputs, plan.bucket, pad_values)
+
+    def unpad(self, outputs: dict[str, np.ndarray], plan: BucketPlan) -> dict[str, np.ndarray]:
+        cut = dict(outputs)
+        for axis, size in plan.padded_axes.items():
+            for name, indices in self.safety[axis].output_axes.items():
+                array = cut[name]
+                index = [slice(None)] * array.ndim
+                for i in indices:
+                    index[i] = slice(0, size)
+                cut[name] = array[tuple(index)]
+        return cut
+
+
+def pad_inputs(
+    inputs: dict[str, np.ndarray], bucket: Bucket, pad_values: dict[str, float] | None = None
+) -> dict[str, np.ndarray]:
+    """Pad each input at the end of every axis up to the bucket shape."""
+    padded = {}
+    for name, array in inputs.items():
+        target = bucket[name]
+        widths = [(0, t - s) for s, t in zip(array.shape, target, strict=True)]
+        if any(w for _, w in widths):
+            value = (pad_values or {}).get(name, 0)
+            padded[name] = np.pad(array, widths, mode="constant", constant_values=value)
+        else:
+            padded[name] = array
+    return padded

@@ -1,0 +1,64 @@
+"""Inference engines behind one interface: ``run(inputs) -> outputs``."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+
+class Engine(Protocol):
+    name: str
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class OrtEngine:
+    """ONNX Runtime: always available, the floor every kernel must beat."""
+
+    name = "onnxruntime"
+
+    def __init__(self, model_bytes: bytes, *, cuda: bool = False, threads: int | None = None) -> None:
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        providers = ["CPUExecutionProvider"]
+        if cuda and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = ort.InferenceSession(model_bytes, options, providers=providers)
+        self.providers = self.session.get_providers()
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(None, inputs), strict=True))
+
+
+class TvmEngine:
+    """A compiled Relax executable loaded from the artifact store."""
+
+    name = "tvm"
+
+    def __init__(self, library: str | Path, input_names: list[str], output_names: list[str], *, device: str = "llvm") -> None:
+        import tvm  # noqa: PLC0415 - keep TVM out of processes that never run a kernel
+        from tvm import relax  # noqa: PLC0415
+
+        self._tvm = tvm
+        self._device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+        self._module = tvm.runtime.load_module(str(library))
+        self._vm = relax.VirtualMachine(self._module, self._device)
+        self._main = self._vm["main"]
+        self.input_names = input_names
+        self.output_names = output_names
+        # The VM keeps per-call register state: one call at a time.
+        self._lock = threading.Lock()
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensor = self._tvm.runtime.tensor
+        args = [tensor(np.ascontiguousarray(inputs[name]), self._device) for name in self.input_names]
+        with self._lock:
+            result = self._main(*args)
+        results = [result] if isinstance(result, self._tvm.runtime.Tensor) else list(result)
+        return {name: value.numpy() for name, value in zip(self.output_names, results, strict=True)}

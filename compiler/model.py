@@ -1,0 +1,111 @@
+"""Loading and validating uploaded ONNX bytes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from .errors import InvalidModelError, PayloadTooLargeError
+from .signature import Signature, read_signature
+
+# TVM's Relax ONNX importer implements converters from opset 1 onwards but is
+# only exercised on modern exports; below 7 the semantics differ too much.
+MIN_OPSET = 7
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A validated model: the proto, its raw bytes, digest and signature."""
+
+    proto: onnx.ModelProto
+    data: bytes
+    digest: str
+    signature: Signature
+
+    @property
+    def opset(self) -> int:
+        return _default_opset(self.proto)
+
+
+def model_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise InvalidModelError("model imports no default-domain (ai.onnx) opset")
+
+
+def _iter_tensors(graph: onnx.GraphProto):
+    """Every TensorProto of a graph, including subgraphs and attributes."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _iter_tensors(attr.g)
+            for subgraph in attr.graphs:
+                yield from _iter_tensors(subgraph)
+
+
+def _reject_external_data(model: onnx.ModelProto) -> None:
+    # An upload is one file: external data could only point at paths on the
+    # server's disk, so any reference is refused rather than resolved.
+    for tensor in _iter_tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
+            raise InvalidModelError(
+                f"tensor {tensor.name!r} references external data ({location!r}); "
+                "upload a self-contained model (onnx.save with save_as_external_data=False)"
+            )
+
+
+def load_model(
+    data: bytes,
+    *,
+    max_bytes: int,
+    min_opset: int = MIN_OPSET,
+    max_opset: int | None = None,
+) -> LoadedModel:
+    """Parse and validate model bytes; raise a typed error naming the problem."""
+    if len(data) > max_bytes:
+        raise PayloadTooLargeError(f"model is {len(data)} bytes, over the limit of {max_bytes}")
+    if not data:
+        raise InvalidModelError("model is empty")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidModelError(f"not an ONNX model or truncated: {exc}") from None
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
+        raise InvalidModelError("not an ONNX model: no IR version or empty graph")
+    _reject_external_data(proto)
+    opset = _default_opset(proto)
+    newest = onnx.defs.onnx_opset_version() if max_opset is None else max_opset
+    if not min_opset <= opset <= newest:
+        raise InvalidModelError(f"opset {opset} is outside the supported range {min_opset}..{newest}")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidModelError(f"onnx checker: {first_line}") from None
+    return LoadedModel(proto, data, model_digest(data), read_signature(proto))
+
+
+def load_model_file(path: str, *, max_bytes: int, **kwargs) -> LoadedModel:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise InvalidModelError(f"cannot read {path}: {exc.strerror}") from None
+    return load_model(data, max_bytes=max_bytes, **kwargs)

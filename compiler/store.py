@@ -1,0 +1,157 @@
+"""Content-addressed artifact store for compiled kernels.
+
+An artifact is a directory ``artifacts/<k[:2]>/<key>/`` holding ``kernel.so``
+and ``manifest.json``. It is built in ``staging/`` and renamed into place in
+one step, so a crash never leaves a half artifact under its key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from .target import canonical_target
+
+# Bump when jitserve's own build steps change the code they generate.
+COMPILER_VERSION = "1"
+LIBRARY_NAME = "kernel.so"
+MANIFEST_NAME = "manifest.json"
+
+
+def tvm_version() -> str:
+    return version("apache-tvm")
+
+
+class Manifest(BaseModel):
+    key: str
+    model_digest: str
+    bucket: dict[str, list[int]]
+    target: dict
+    tvm_version: str
+    options: dict
+    compile_seconds: float
+    simplified: bool
+    verified: bool | None
+    verification: str
+    max_abs_error: float | None
+    rtol: float
+    atol: float
+    library_bytes: int
+    created_at: float
+
+
+def artifact_key(model_digest: str, bucket: dict, target: dict, tvm: str, options: dict) -> str:
+    """sha256 over what determines the kernel: content, never paths."""
+    material = {
+        "model": model_digest,
+        "bucket": {name: list(shape) for name, shape in sorted(bucket.items())},
+        "target": canonical_target(target),
+        "tvm": tvm,
+        "options": options,
+        "compiler": COMPILER_VERSION,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ArtifactStore:
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.artifacts = self.root / "artifacts"
+        self.staging_root = self.root / "staging"
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+        self._sweep_staging()
+
+    def _sweep_staging(self) -> None:
+        """Remove staging dirs left by processes that died mid-compile."""
+        for entry in self.staging_root.iterdir():
+            try:
+                pid = int(entry.name.split(".")[1])
+            except (IndexError, ValueError):
+                pid = -1
+            if pid <= 0 or not _pid_alive(pid):
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def path(self, key: str) -> Path:
+        return self.artifacts / key[:2] / key
+
+    def library_path(self, key: str) -> Path:
+        return self.path(key) / LIBRARY_NAME
+
+    def get(self, key: str) -> Manifest | None:
+        """The manifest of a complete artifact, or None."""
+        directory = self.path(key)
+        try:
+            manifest = Manifest.model_validate_json((directory / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            return None
+        if not (directory / LIBRARY_NAME).is_file():
+            return None
+        return manifest
+
+    def keys(self) -> Iterator[str]:
+        for shard in self.artifacts.iterdir():
+            for entry in shard.iterdir():
+                if (entry / MANIFEST_NAME).is_file():
+                    yield entry.name
+
+    @contextmanager
+    def staging(self, key: str) -> Iterator[Path]:
+        """A private directory to build into; removed unless committed."""
+        directory = self.staging_root / f"{key[:16]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        directory.mkdir()
+        try:
+            yield directory
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def commit(self, staging_dir: Path, manifest: Manifest) -> Manifest:
+        """Move a built artifact under its key in one rename."""
+        if not (staging_dir / LIBRARY_NAME).is_file():
+            raise FileNotFoundError(f"no {LIBRARY_NAME} in {staging_dir}")
+        manifest_path = staging_dir / MANIFEST_NAME
+        with open(manifest_path, "w") as handle:
+            handle.write(manifest.model_dump_json(indent=2))
+            handle.flush()
+            os.fsync(handle.fileno())
+        final = self.path(manifest.key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(staging_dir, final)
+        except OSError:
+            # Another process committed the same key first: keep theirs.
+            existing = self.get(manifest.key)
+            if existing is None:
+                raise
+            return existing
+        return manifest
+
+    def delete(self, key: str) -> bool:
+        directory = self.path(key)
+        if not directory.exists():
+            return False
+        # Rename first so readers never see a half-deleted artifact.
+        doomed = self.staging_root / f"deleted.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        os.rename(directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+

@@ -1,0 +1,110 @@
+"""The TVM side of a compile. Runs inside the compile child process only.
+
+specialize (fix shapes, fold shape subgraphs) -> import to Relax -> the
+target's default Relax pipeline (fusion; dlight schedules on GPU) -> export
+``kernel.so`` -> verify against ONNX Runtime on seeded random inputs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import onnx
+
+from .arrays import compare_outputs, random_inputs
+from .build import BuildJob
+from .engines import OrtEngine, TvmEngine
+from .errors import CompileError, UnsupportedOperatorError
+
+
+def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in bucket:
+            for dim, size in zip(value.type.tensor_type.shape.dim, bucket[value.name], strict=True):
+                dim.Clear()
+                dim.dim_value = int(size)
+    return fixed
+
+
+def specialize(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], simplify: bool) -> tuple[onnx.ModelProto, bool]:
+    """Fix the input shapes and fold the shape subgraphs TVM cannot import.
+
+    Returns the model and whether onnxsim simplified it; a model onnxsim
+    cannot handle is still tried with only its shapes fixed.
+    """
+    if simplify:
+        import onnxsim  # noqa: PLC0415
+
+        try:
+            simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={k: list(v) for k, v in bucket.items()})
+            if ok:
+                return simplified, True
+        except Exception:  # noqa: BLE001 - onnxsim raises anything; fall back below
+            pass
+    return fix_input_shapes(model, bucket), False
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
+    import tvm  # noqa: PLC0415
+    from tvm.relax.frontend.onnx import from_onnx  # noqa: PLC0415
+
+    try:
+        return from_onnx(
+            model,
+            shape_dict={k: list(v) for k, v in bucket.items()},
+            dtype_dict=dict(dtypes),
+        )
+    except tvm.error.OpNotImplemented as exc:
+        raise UnsupportedOperatorError(f"TVM cannot import this model: {_last_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - the importer raises many types
+        raise CompileError(f"TVM import failed: {type(exc).__name__}: {_last_line(exc)}") from None
+
+
+def compile_relax(mod, target_dict: dict):
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    target = tvm.target.Target(target_dict)
+    try:
+        return tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
+    except Exception as exc:  # noqa: BLE001
+        raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
+
+
+def cuda_available() -> bool:
+    import tvm  # noqa: PLC0415
+
+    return bool(tvm.cuda(0).exist)
+
+
+def build_and_verify(job: BuildJob) -> dict:
+    """Compile ``job`` into ``job.library_path`` and verify it; return the facts."""
+    started = time.perf_counter()
+    model = onnx.load_from_string(job.model_bytes)
+    specialized, simplified = specialize(model, job.bucket, job.simplify)
+    mod = import_relax(specialized, job.bucket, job.dtypes)
+    executable = compile_relax(mod, job.target)
+    executable.export_library(job.library_path)
+    compile_seconds = time.perf_counter() - started
+
+    facts = {"compile_seconds": compile_seconds, "simplified": simplified}
+    on_cuda = job.target["kind"] == "cuda"
+    if on_cuda and not cuda_available():
+        return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}
+
+    inputs = random_inputs(job.bucket, job.dtypes, job.seed)
+    kernel = TvmEngine(job.library_path, job.input_names, job.output_names, device=job.target["kind"])
+    reference = OrtEngine(job.model_bytes, cuda=on_cuda)
+    comparison = compare_outputs(kernel.run(inputs), reference.run(inputs), job.rtol, job.atol)
+    return facts | {
+        "verified": comparison.matches,
+        "verification": comparison.detail,
+        "max_abs_error": comparison.max_abs_error,
+    }

@@ -1,0 +1,74 @@
+"""Run one function in a child process, so that a TVM crash or hang fails
+that one call and never its caller."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from . import errors
+from .errors import CompileCrashedError, CompileError, CompileTimeoutError, JitServeError
+
+# spawn, not fork: the caller may run threads (uvicorn, ORT) that fork would copy.
+_CONTEXT = multiprocessing.get_context("spawn")
+
+
+def _child_main(function: Callable[[Any], Any], argument: Any, connection) -> None:
+    try:
+        result = function(argument)
+    except JitServeError as exc:
+        connection.send(("error", type(exc).__name__, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        message = lines[-1] if lines else ""
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[0]
+        connection.send(("error", "CompileError", f"{type(exc).__name__}: {message or detail}"))
+    else:
+        connection.send(("ok", result))
+    finally:
+        connection.close()
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode} without a result"
+
+
+def run_in_child(function: Callable[[Any], Any], argument: Any, *, timeout: float, what: str = "compile") -> Any:
+    """Call ``function(argument)`` in a fresh process and return its result.
+
+    Raises CompileTimeoutError past ``timeout`` seconds, CompileCrashedError
+    when the child dies without answering, and the child's own typed error
+    (or CompileError) when it raised.
+    """
+    receiver, sender = _CONTEXT.Pipe(duplex=False)
+    process = _CONTEXT.Process(target=_child_main, args=(function, argument, sender), name=f"jitserve-{what}")
+    process.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout):
+            raise CompileTimeoutError(f"{what} ran past {timeout:g} s and was stopped")
+        try:
+            message = receiver.recv()
+        except (EOFError, OSError):
+            process.join(5)
+            raise CompileCrashedError(f"{what} process {_describe_exit(process.exitcode)}") from None
+    finally:
+        receiver.close()
+        if process.is_alive():
+            process.kill()
+        process.join()
+    if message[0] == "ok":
+        return message[1]
+    _, class_name, text = message
+    error_class = getattr(errors, class_name, CompileError)
+    if not (isinstance(error_class, type) and issubclass(error_class, JitServeError)):
+        error_class = CompileError
+    raise error_class(text)
