@@ -17,9 +17,7 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
     return rng.standard_normal(size=shape).astype(dtype)
 
 
-def random_inputs(
-    shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int
-) -> dict[str, np.ndarray]:
+def random_inputs(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {name: random_array(tuple(shape), dtypes[name], rng) for name, shape in shapes.items()}
 

@@ -37,6 +37,11 @@ class AxisPolicy(BaseModel):
             raise ValueError("pow2 policy has min > max")
         return self
 
+    @property
+    def largest(self) -> int | None:
+        """The largest bucket size; None for ``exact`` (unbounded)."""
+        return {"pow2": self.max, "list": self.sizes[-1] if self.sizes else None}.get(self.kind)
+
     def bucket_size(self, size: int) -> int | None:
         """The bucket for a request size, or None when beyond the largest bucket."""
         if self.kind == "exact":
@@ -125,9 +130,7 @@ class BucketPlanner:
                 if size < 1:
                     raise BadRequestError(f"input {spec.name!r} axis {index} ({dim}) must be >= 1")
                 if axis_sizes.setdefault(dim, size) != size:
-                    raise BadRequestError(
-                        f"axis {dim!r} is {axis_sizes[dim]} in one input and {size} in {spec.name!r}"
-                    )
+                    raise BadRequestError(f"axis {dim!r} is {axis_sizes[dim]} in one input and {size} in {spec.name!r}")
         unknown = set(shapes) - set(self.signature.input_names)
         if unknown:
             raise BadRequestError(f"unknown input {sorted(unknown)[0]!r}; the model takes {self.signature.input_names}")
@@ -139,19 +142,20 @@ class BucketPlanner:
                 if self.overflow == "error":
                     raise ShapeOutOfRangeError(
                         f"axis {axis!r} size {size} is beyond the largest bucket "
-                        f"({self.policies[axis].max if self.policies[axis].kind == 'pow2' else self.policies[axis].sizes[-1]})"
+                        f"({self.policies[axis].largest})"
                     )
                 bucket = size
             bucket_axes[axis] = bucket
 
         request = {s.name: tuple(shapes[s.name]) for s in self.signature.inputs}
         bucket = {
-            s.name: tuple(d if isinstance(d, int) else bucket_axes[d] for d in s.dims)
-            for s in self.signature.inputs
+            s.name: tuple(d if isinstance(d, int) else bucket_axes[d] for d in s.dims) for s in self.signature.inputs
         }
         return BucketPlan(request, bucket, axis_sizes, bucket_axes)
 
-    def pad(self, inputs: dict[str, np.ndarray], plan: BucketPlan, pad_values: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+    def pad(
+        self, inputs: dict[str, np.ndarray], plan: BucketPlan, pad_values: dict[str, float] | None = None
+    ) -> dict[str, np.ndarray]:
         return pad_inputs(inputs, plan.bucket, pad_values)
 
     def unpad(self, outputs: dict[str, np.ndarray], plan: BucketPlan) -> dict[str, np.ndarray]:

@@ -59,7 +59,7 @@ def bucket_key(model: LoadedModel, bucket: Bucket, target: dict, options: Compil
 
 
 def _build_in_child(job: BuildJob) -> dict:
-    from .tvm_build import build_and_verify  # noqa: PLC0415 - imports TVM
+    from .tvm_build import build_and_verify
 
     return build_and_verify(job)
 

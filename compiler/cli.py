@@ -43,30 +43,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _inspect(args, settings) -> dict:
-    from .model import load_model_file  # noqa: PLC0415
+    from .model import load_model_file
 
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
     return {"digest": model.digest, "opset": model.opset, **model.signature.to_json()}
 
 
 def _bucket_from_args(signature, shapes: list[tuple[str, tuple[int, ...]]]):
-    from .buckets import BucketPlanner  # noqa: PLC0415
-    from .errors import BadRequestError  # noqa: PLC0415
+    from .buckets import BucketPlanner
+    from .errors import BadRequestError
 
     given = dict(shapes)
     for spec in signature.inputs:
         if spec.name not in given:
             if spec.symbolic_axes():
-                raise BadRequestError(f"input {spec.name!r} has symbolic axes {list(spec.dims)}: give --shape {spec.name}=...")
+                raise BadRequestError(
+                    f"input {spec.name!r} has symbolic axes {list(spec.dims)}: give --shape {spec.name}=..."
+                )
             given[spec.name] = tuple(spec.dims)
     return BucketPlanner(signature).plan(given).bucket
 
 
 def _compile(args, settings) -> dict:
-    from .build import CompileOptions, compile_bucket  # noqa: PLC0415
-    from .model import load_model_file  # noqa: PLC0415
-    from .store import ArtifactStore  # noqa: PLC0415
-    from .target import resolve_target  # noqa: PLC0415
+    from .build import CompileOptions, compile_bucket
+    from .model import load_model_file
+    from .store import ArtifactStore
+    from .target import resolve_target
 
     started = time.perf_counter()
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
@@ -74,7 +76,7 @@ def _compile(args, settings) -> dict:
     try:
         target = resolve_target(args.target or settings.target, cuda_arch=settings.cuda_arch)
     except ValueError as exc:
-        from .errors import BadRequestError  # noqa: PLC0415
+        from .errors import BadRequestError
 
         raise BadRequestError(str(exc)) from None
     options = CompileOptions(
@@ -103,7 +105,7 @@ def _compile(args, settings) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .settings import Settings  # noqa: PLC0415
+    from .settings import Settings
 
     try:
         settings = Settings()

@@ -41,9 +41,11 @@ class TvmEngine:
 
     name = "tvm"
 
-    def __init__(self, library: str | Path, input_names: list[str], output_names: list[str], *, device: str = "llvm") -> None:
-        import tvm  # noqa: PLC0415 - keep TVM out of processes that never run a kernel
-        from tvm import relax  # noqa: PLC0415
+    def __init__(
+        self, library: str | Path, input_names: list[str], output_names: list[str], *, device: str = "llvm"
+    ) -> None:
+        import tvm
+        from tvm import relax
 
         self._tvm = tvm
         self._device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)

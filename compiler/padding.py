@@ -38,8 +38,7 @@ def check_axis_padding(
     def shapes_with(axis_size: int) -> dict[str, tuple[int, ...]]:
         concrete = dict(sizes, **{axis: axis_size})
         return {
-            spec.name: tuple(d if isinstance(d, int) else concrete[d] for d in spec.dims)
-            for spec in signature.inputs
+            spec.name: tuple(d if isinstance(d, int) else concrete[d] for d in spec.dims) for spec in signature.inputs
         }
 
     dtypes = {spec.name: spec.dtype for spec in signature.inputs}

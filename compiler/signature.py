@@ -81,8 +81,7 @@ class Signature:
             "inputs": [asdict(s) | {"dims": list(s.dims)} for s in self.inputs],
             "outputs": [asdict(s) | {"dims": list(s.dims)} for s in self.outputs],
             "symbolic_axes": {
-                axis: [{"input": name, "axis": index} for name, index in places]
-                for axis, places in self.axes().items()
+                axis: [{"input": name, "axis": index} for name, index in places] for axis, places in self.axes().items()
             },
         }
 

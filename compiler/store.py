@@ -154,4 +154,3 @@ class ArtifactStore:
         os.rename(directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
         return True
-

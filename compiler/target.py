@@ -37,7 +37,7 @@ def host_cpu() -> str:
             return cached["mcpu"]
     except (OSError, ValueError, KeyError):
         pass
-    import tvm.target.codegen  # noqa: PLC0415 - only when the cache misses
+    import tvm.target.codegen
 
     mcpu = str(tvm.target.codegen.llvm_get_system_cpu())
     try:

@@ -28,14 +28,16 @@ def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]])
     return fixed
 
 
-def specialize(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], simplify: bool) -> tuple[onnx.ModelProto, bool]:
+def specialize(
+    model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], simplify: bool
+) -> tuple[onnx.ModelProto, bool]:
     """Fix the input shapes and fold the shape subgraphs TVM cannot import.
 
     Returns the model and whether onnxsim simplified it; a model onnxsim
     cannot handle is still tried with only its shapes fixed.
     """
     if simplify:
-        import onnxsim  # noqa: PLC0415
+        import onnxsim
 
         try:
             simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={k: list(v) for k, v in bucket.items()})
@@ -52,8 +54,8 @@ def _last_line(exc: BaseException) -> str:
 
 
 def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
-    import tvm  # noqa: PLC0415
-    from tvm.relax.frontend.onnx import from_onnx  # noqa: PLC0415
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
 
     try:
         return from_onnx(
@@ -68,8 +70,8 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dty
 
 
 def compile_relax(mod, target_dict: dict):
-    import tvm  # noqa: PLC0415
-    from tvm import relax  # noqa: PLC0415
+    import tvm
+    from tvm import relax
 
     target = tvm.target.Target(target_dict)
     try:
@@ -79,7 +81,7 @@ def compile_relax(mod, target_dict: dict):
 
 
 def cuda_available() -> bool:
-    import tvm  # noqa: PLC0415
+    import tvm
 
     return bool(tvm.cuda(0).exist)
 

@@ -1,0 +1,24 @@
+# Two entry points: `make run` and `make test`. Both install into .venv first.
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP_CACHE_DIR ?= $(CURDIR)/.cache/pip
+export PIP_CACHE_DIR
+
+.PHONY: install run test lint
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(PY) -m pytest
+
+run: install
+	$(PY) -m compiler compile $(MODEL) $(SHAPES)

@@ -1,0 +1,125 @@
+"""Real PP-OCR models: compile at two buckets, verify against ONNX Runtime,
+reuse from the store in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from compiler.build import CompileOptions, bucket_key, compile_bucket
+from compiler.engines import OrtEngine
+from compiler.model import load_model_file
+from compiler.padding import check_axis_padding
+from compiler.store import ArtifactStore
+from compiler.target import resolve_target
+from tests.realmodels import CLS, REC, rapidocr_model
+
+pytestmark = pytest.mark.slow
+
+BUCKETS = [
+    (CLS, {"x": (1, 3, 48, 192)}),
+    (CLS, {"x": (8, 3, 48, 192)}),
+    (REC, {"x": (1, 3, 48, 320)}),
+    (REC, {"x": (4, 3, 48, 320)}),
+]
+
+RELOAD_AND_RUN = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    started = time.perf_counter()
+    from compiler.engines import OrtEngine, TvmEngine
+    from compiler.arrays import random_inputs
+    spec = json.loads(sys.argv[1])
+    kernel = TvmEngine(spec["library"], ["x"], spec["outputs"])
+    loaded = time.perf_counter() - started
+    inputs = random_inputs({"x": tuple(spec["shape"])}, {"x": "float32"}, 123)
+    got = kernel.run(inputs)
+    want = OrtEngine(open(spec["model"], "rb").read()).run(inputs)
+    error = max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+    print(json.dumps({"load_seconds": loaded, "max_abs_error": error}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return ArtifactStore(tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.mark.parametrize(
+    ("name", "bucket"), BUCKETS, ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v["x"]))
+)
+def test_real_model_compiles_verifies_and_reloads(store, name, bucket):
+    path = rapidocr_model(name)
+    model = load_model_file(str(path), max_bytes=64 << 20)
+    target = resolve_target("llvm")
+
+    first = compile_bucket(model, bucket, target, store)
+    assert not first.cached
+    assert first.manifest.verified is True, first.manifest.verification
+    assert first.manifest.max_abs_error < 1e-3
+    assert first.manifest.simplified
+
+    again = compile_bucket(model, bucket, target, store)
+    assert again.cached
+    assert again.manifest.key == first.manifest.key
+
+    # A fresh process loads the stored kernel (no compile) and matches ORT
+    # on inputs other than the ones verification used.
+    spec = {
+        "library": again.library_path,
+        "outputs": model.signature.output_names,
+        "shape": list(bucket["x"]),
+        "model": str(path),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", RELOAD_AND_RUN, json.dumps(spec)], capture_output=True, text=True, check=True
+    )
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["max_abs_error"] < 1e-3
+    assert result["load_seconds"] < 5
+
+
+def test_cls_batch_axis_is_padding_safe_and_width_is_not():
+    model = load_model_file(str(rapidocr_model(CLS)), max_bytes=64 << 20)
+    engine = OrtEngine(model.data)
+    sizes = {"x:0": 3, "x:2": 48, "x:3": 192}
+
+    batch = check_axis_padding(engine, model.signature, "x:0", sizes, 4)
+    assert batch.safe, batch.reason
+    assert batch.output_axes == {model.signature.output_names[0]: [0]}
+
+    width = check_axis_padding(engine, model.signature, "x:3", sizes, 256)
+    assert not width.safe
+    assert "padding changes the outputs" in width.reason
+
+
+def test_cuda_compile_without_a_device(store):
+    """nvcc compiles CUDA kernels here; running them needs the device."""
+    model = load_model_file(str(rapidocr_model(CLS)), max_bytes=64 << 20)
+    target = resolve_target("cuda", cuda_arch="sm_90")
+    outcome = compile_bucket(model, {"x": (1, 3, 48, 192)}, target, store)
+    assert outcome.manifest.target["kind"] == "cuda"
+    assert outcome.manifest.library_bytes > 0
+    import tvm
+
+    if tvm.cuda(0).exist:
+        assert outcome.manifest.verified is True
+    else:
+        assert outcome.manifest.verified is None
+        assert "no CUDA device" in outcome.manifest.verification
+
+
+def test_compile_options_change_the_key():
+    model = load_model_file(str(rapidocr_model(CLS)), max_bytes=64 << 20)
+    target = resolve_target("llvm")
+    bucket = {"x": (1, 3, 48, 192)}
+    simplified = bucket_key(model, bucket, target, CompileOptions())
+    assert bucket_key(model, bucket, target, CompileOptions(rtol=0.5)) == simplified  # tolerances: not the kernel
+    assert bucket_key(model, bucket, target, CompileOptions(simplify=False)) != simplified
+    assert bucket_key(model, bucket, resolve_target("cuda"), CompileOptions()) != simplified
