@@ -48,8 +48,10 @@ class AxisPolicy(BaseModel):
             return size
         if self.kind == "list":
             return next((s for s in self.sizes if s >= size), None)
-        bucket = max(self.min, 1 << max(size - 1, 0).bit_length())
-        return bucket if bucket <= self.max else None
+        if size > self.max:
+            return None
+        # The last bucket is max itself, power of two or not.
+        return min(self.max, max(self.min, 1 << (size - 1).bit_length()))
 
 
 class AxisSafety(BaseModel):
@@ -141,8 +143,7 @@ class BucketPlanner:
             if bucket is None:
                 if self.overflow == "error":
                     raise ShapeOutOfRangeError(
-                        f"axis {axis!r} size {size} is beyond the largest bucket "
-                        f"({self.policies[axis].largest})"
+                        f"axis {axis!r} size {size} is beyond the largest bucket ({self.policies[axis].largest})"
                     )
                 bucket = size
             bucket_axes[axis] = bucket

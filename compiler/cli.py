@@ -33,12 +33,33 @@ def _parser() -> argparse.ArgumentParser:
 
     compile_ = commands.add_parser("compile", help="compile and verify one bucket, or reuse the stored kernel")
     compile_.add_argument("model")
-    compile_.add_argument("--shape", action="append", type=_parse_shape, default=[], metavar="NAME=D0,D1,...")
+    compile_.add_argument(
+        "--shape",
+        action="append",
+        type=_parse_shape,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="the bucket; repeat NAME for several buckets",
+    )
     compile_.add_argument("--target", default=None, help="llvm, cuda or a JSON target dict")
     compile_.add_argument("--store", default=None, help="artifact store directory")
     compile_.add_argument("--rtol", type=float, default=None)
     compile_.add_argument("--atol", type=float, default=None)
     compile_.add_argument("--timeout", type=float, default=None, help="compile time limit, seconds")
+
+    bench = commands.add_parser("bench", help="compile each bucket and time it against ONNX Runtime")
+    bench.add_argument("model")
+    bench.add_argument(
+        "--shape",
+        action="append",
+        type=_parse_shape,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="one bucket; repeat NAME for several buckets of the same input",
+    )
+    bench.add_argument("--target", default=None, help="llvm, cuda or a JSON target dict")
+    bench.add_argument("--store", default=None, help="artifact store directory")
+    bench.add_argument("--runs", type=int, default=20, help="timed runs per engine (median reported)")
     return parser
 
 
@@ -64,43 +85,75 @@ def _bucket_from_args(signature, shapes: list[tuple[str, tuple[int, ...]]]):
     return BucketPlanner(signature).plan(given).bucket
 
 
-def _compile(args, settings) -> dict:
-    from .build import CompileOptions, compile_bucket
+def _group_buckets(shapes: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """A name seen again starts the next bucket: x=1,.. x=8,.. is two buckets."""
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    for name, shape in shapes:
+        if any(name == seen for seen, _ in groups[-1]):
+            groups.append([])
+        groups[-1].append((name, shape))
+    return groups
+
+
+def _compile_context(args, settings):
+    from .build import CompileOptions
+    from .errors import BadRequestError
     from .model import load_model_file
     from .store import ArtifactStore
     from .target import resolve_target
 
-    started = time.perf_counter()
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
-    bucket = _bucket_from_args(model.signature, args.shape)
+    buckets = [_bucket_from_args(model.signature, group) for group in _group_buckets(args.shape)]
     try:
         target = resolve_target(args.target or settings.target, cuda_arch=settings.cuda_arch)
     except ValueError as exc:
-        from .errors import BadRequestError
-
         raise BadRequestError(str(exc)) from None
     options = CompileOptions(
-        rtol=args.rtol if args.rtol is not None else settings.verify_rtol,
-        atol=args.atol if args.atol is not None else settings.verify_atol,
+        rtol=getattr(args, "rtol", None) or settings.verify_rtol,
+        atol=getattr(args, "atol", None) or settings.verify_atol,
         seed=settings.verify_seed,
-        timeout_seconds=args.timeout or settings.compile_timeout_seconds,
+        timeout_seconds=getattr(args, "timeout", None) or settings.compile_timeout_seconds,
     )
     store = ArtifactStore(args.store or settings.kernel_store_dir)
-    outcome = compile_bucket(model, bucket, target, store, options)
-    manifest = outcome.manifest
-    return {
-        "key": manifest.key,
-        "artifact": outcome.library_path,
-        "bucket": manifest.bucket,
-        "target": manifest.target,
-        "compile_seconds": round(manifest.compile_seconds, 3),
-        "cached": outcome.cached,
-        "verified": manifest.verified,
-        "verification": manifest.verification,
-        "max_abs_error": manifest.max_abs_error,
-        "simplified": manifest.simplified,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    return model, buckets, target, options, store
+
+
+def _compile(args, settings) -> list[dict]:
+    from .build import compile_bucket
+
+    model, buckets, target, options, store = _compile_context(args, settings)
+    results = []
+    for bucket in buckets:
+        started = time.perf_counter()
+        outcome = compile_bucket(model, bucket, target, store, options)
+        manifest = outcome.manifest
+        results.append(
+            {
+                "key": manifest.key,
+                "artifact": outcome.library_path,
+                "bucket": manifest.bucket,
+                "target": manifest.target,
+                "compile_seconds": round(manifest.compile_seconds, 3),
+                "cached": outcome.cached,
+                "verified": manifest.verified,
+                "verification": manifest.verification,
+                "max_abs_error": manifest.max_abs_error,
+                "simplified": manifest.simplified,
+                "seconds": round(time.perf_counter() - started, 3),
+            }
+        )
+    return results
+
+
+def _bench(args, settings) -> list[dict]:
+    from .bench import bench_bucket
+
+    model, buckets, target, options, store = _compile_context(args, settings)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    return [bench_bucket(model, b, target, store, options, runs=args.runs, log=log) for b in buckets]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,12 +162,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = Settings()
-        result = _inspect(args, settings) if args.command == "inspect" else _compile(args, settings)
+        command = {"inspect": _inspect, "compile": _compile, "bench": _bench}[args.command]
+        result = command(args, settings)
     except JitServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    print(json.dumps(result, indent=2))
+    # compile and bench print one JSON object per bucket, one per line.
+    for item in result if isinstance(result, list) else [result]:
+        print(json.dumps(item, indent=None if isinstance(result, list) else 2))
     return 0

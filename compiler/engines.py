@@ -44,6 +44,7 @@ class TvmEngine:
     def __init__(
         self, library: str | Path, input_names: list[str], output_names: list[str], *, device: str = "llvm"
     ) -> None:
+        # Imported here: processes that never run a kernel need not load TVM.
         import tvm
         from tvm import relax
 

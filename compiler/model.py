@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 
 import onnx
@@ -41,27 +42,37 @@ def _default_opset(model: onnx.ModelProto) -> int:
     raise InvalidModelError("model imports no default-domain (ai.onnx) opset")
 
 
-def _iter_tensors(graph: onnx.GraphProto):
-    """Every TensorProto of a graph, including subgraphs and attributes."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
+def _iter_node_tensors(nodes):
+    """Every TensorProto held by node attributes, subgraphs included."""
+    for node in nodes:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
             yield from attr.tensors
+            sparse = [attr.sparse_tensor] if attr.HasField("sparse_tensor") else []
+            for tensor in [*sparse, *attr.sparse_tensors]:
+                yield tensor.values
+                yield tensor.indices
             if attr.HasField("g"):
                 yield from _iter_tensors(attr.g)
             for subgraph in attr.graphs:
                 yield from _iter_tensors(subgraph)
 
 
+def _iter_tensors(graph: onnx.GraphProto):
+    """Every TensorProto of a graph: initializers, attributes, subgraphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    yield from _iter_node_tensors(graph.node)
+
+
 def _reject_external_data(model: onnx.ModelProto) -> None:
     # An upload is one file: external data could only point at paths on the
     # server's disk, so any reference is refused rather than resolved.
-    for tensor in _iter_tensors(model.graph):
+    function_tensors = (t for function in model.functions for t in _iter_node_tensors(function.node))
+    for tensor in itertools.chain(_iter_tensors(model.graph), function_tensors):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
             location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
             raise InvalidModelError(

@@ -135,10 +135,14 @@ class ArtifactStore:
             os.fsync(handle.fileno())
         final = self.path(manifest.key)
         final.parent.mkdir(parents=True, exist_ok=True)
+        existing = self.get(manifest.key)
+        if existing is not None:
+            return existing  # another process committed the same key first
+        if final.exists():
+            self.delete(manifest.key)  # damaged from outside (no kernel or bad manifest)
         try:
             os.rename(staging_dir, final)
         except OSError:
-            # Another process committed the same key first: keep theirs.
             existing = self.get(manifest.key)
             if existing is None:
                 raise

@@ -37,7 +37,7 @@ def host_cpu() -> str:
             return cached["mcpu"]
     except (OSError, ValueError, KeyError):
         pass
-    import tvm.target.codegen
+    import tvm.target.codegen  # only on a cache miss: importing TVM costs ~1 s
 
     mcpu = str(tvm.target.codegen.llvm_get_system_cpu())
     try:

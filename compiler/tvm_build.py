@@ -10,6 +10,10 @@ from __future__ import annotations
 import time
 
 import onnx
+import onnxsim
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
 
 from .arrays import compare_outputs, random_inputs
 from .build import BuildJob
@@ -37,8 +41,6 @@ def specialize(
     cannot handle is still tried with only its shapes fixed.
     """
     if simplify:
-        import onnxsim
-
         try:
             simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={k: list(v) for k, v in bucket.items()})
             if ok:
@@ -54,9 +56,6 @@ def _last_line(exc: BaseException) -> str:
 
 
 def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
-    import tvm
-    from tvm.relax.frontend.onnx import from_onnx
-
     try:
         return from_onnx(
             model,
@@ -70,9 +69,6 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dty
 
 
 def compile_relax(mod, target_dict: dict):
-    import tvm
-    from tvm import relax
-
     target = tvm.target.Target(target_dict)
     try:
         return tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
@@ -81,8 +77,6 @@ def compile_relax(mod, target_dict: dict):
 
 
 def cuda_available() -> bool:
-    import tvm
-
     return bool(tvm.cuda(0).exist)
 
 

@@ -27,7 +27,10 @@ def _child_main(function: Callable[[Any], Any], argument: Any, connection) -> No
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[0]
         connection.send(("error", "CompileError", f"{type(exc).__name__}: {message or detail}"))
     else:
-        connection.send(("ok", result))
+        try:
+            connection.send(("ok", result))
+        except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result
+            connection.send(("error", "CompileError", f"result could not be sent back: {exc}"))
     finally:
         connection.close()
 

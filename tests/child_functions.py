@@ -1,0 +1,48 @@
+"""Module-level targets for ``compiler.worker.run_in_child`` tests.
+
+The worker uses the ``spawn`` start method, so a target must be importable by
+its qualified name (``tests.child_functions.<name>``) in a fresh interpreter.
+Keep this module light: every child imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from compiler.errors import UnsupportedOperatorError
+
+
+def square(value: int) -> int:
+    return value * value
+
+
+def echo_dict(value: dict) -> dict:
+    return {"got": value, "pid": os.getpid()}
+
+
+def raise_unsupported(op: str) -> None:
+    raise UnsupportedOperatorError(f"no converter for {op}")
+
+
+def raise_value_error(text: str) -> None:
+    raise ValueError(text)
+
+
+def segfault(_: object) -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(10)  # not reached: the signal kills the process
+
+
+def exit_quietly(status: int) -> None:
+    os._exit(status)
+
+
+def sleep_for(seconds: float) -> str:
+    time.sleep(seconds)
+    return "woke up"
+
+
+def unpicklable_result(_: object):
+    return lambda: None

@@ -1,0 +1,237 @@
+"""compiler.buckets: axis policies, request -> bucket plans, pad and unpad."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from pydantic import ValidationError
+
+from compiler.buckets import AxisPolicy, AxisSafety, BucketPlan, BucketPlanner, bucket_label, pad_inputs
+from compiler.engines import OrtEngine
+from compiler.errors import BadRequestError, ShapeOutOfRangeError
+from compiler.signature import Signature, read_signature
+from tests import synthetic
+
+SAFE_BATCH = AxisSafety(axis="batch", safe=True, reason="test", output_axes={"y": [0]})
+UNSAFE_BATCH = AxisSafety(axis="batch", safe=False, reason="test")
+
+
+@pytest.fixture(scope="module")
+def two_input_signature() -> Signature:
+    return read_signature(onnx.load_from_string(synthetic.two_input_model()))
+
+
+def _planner(signature, policy=None, safety=SAFE_BATCH, **kwargs) -> BucketPlanner:
+    policy = policy or AxisPolicy(kind="pow2", min=1, max=16)
+    return BucketPlanner(signature, {"batch": policy}, {"batch": safety} if safety else None, **kwargs)
+
+
+# --- AxisPolicy -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "bucket"), [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (33, 64), (64, 64), (65, None)]
+)
+def test_pow2_defaults(size, bucket):
+    assert AxisPolicy().bucket_size(size) == bucket
+
+
+@pytest.mark.parametrize(("size", "bucket"), [(1, 4), (4, 4), (5, 8), (16, 16), (17, None), (1000, None)])
+def test_pow2_min_and_max(size, bucket):
+    assert AxisPolicy(kind="pow2", min=4, max=16).bucket_size(size) == bucket
+
+
+@pytest.mark.parametrize(("size", "bucket"), [(1, 3), (3, 3), (4, 10), (10, 10), (11, 100), (100, 100), (101, None)])
+def test_list_policy(size, bucket):
+    assert AxisPolicy(kind="list", sizes=[100, 3, 10]).bucket_size(size) == bucket
+
+
+def test_list_policy_sorts_and_dedupes():
+    assert AxisPolicy(kind="list", sizes=[8, 2, 8, 4]).sizes == [2, 4, 8]
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 4096])
+def test_exact_policy(size):
+    assert AxisPolicy(kind="exact").bucket_size(size) == size
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "list"},
+        {"kind": "list", "sizes": []},
+        {"kind": "list", "sizes": [4, 0]},
+        {"kind": "list", "sizes": [-2]},
+        {"kind": "pow2", "min": 8, "max": 4},
+        {"kind": "pow2", "min": 0},
+        {"kind": "pow2", "max": 0},
+        {"kind": "bucketed"},
+        {"kind": "pow2", "min": "many"},
+    ],
+)
+def test_bad_policies_are_rejected(fields):
+    with pytest.raises(ValidationError):
+        AxisPolicy(**fields)
+
+
+def test_policy_from_json():
+    policy = AxisPolicy.model_validate_json('{"kind": "list", "sizes": [16, 4]}')
+    assert policy.sizes == [4, 16]
+
+
+# --- BucketPlanner.plan -----------------------------------------------------
+
+
+def test_exact_without_a_safety_result(two_input_signature):
+    plan = _planner(two_input_signature, safety=None).plan({"a": (3, 8), "b": (3, 8)})
+    assert plan.bucket == {"a": (3, 8), "b": (3, 8)}
+    assert plan.padded_axes == {}
+    assert plan.padding_waste() == 0.0
+
+
+def test_exact_when_the_safety_check_failed(two_input_signature):
+    planner = _planner(two_input_signature, safety=UNSAFE_BATCH)
+    assert planner.effective_policy("batch").kind == "exact"
+    assert planner.plan({"a": (3, 8), "b": (3, 8)}).bucket == {"a": (3, 8), "b": (3, 8)}
+
+
+def test_exact_without_a_policy(two_input_signature):
+    planner = BucketPlanner(two_input_signature, None, {"batch": SAFE_BATCH})
+    assert planner.plan({"a": (5, 8), "b": (5, 8)}).bucket == {"a": (5, 8), "b": (5, 8)}
+
+
+def test_pads_when_the_safety_check_passed(two_input_signature):
+    plan = _planner(two_input_signature).plan({"a": (3, 8), "b": (3, 8)})
+    assert isinstance(plan, BucketPlan)
+    assert plan.request == {"a": (3, 8), "b": (3, 8)}
+    assert plan.bucket == {"a": (4, 8), "b": (4, 8)}
+    assert plan.request_axes == {"batch": 3}
+    assert plan.bucket_axes == {"batch": 4}
+    assert plan.padded_axes == {"batch": 3}
+    assert bucket_label(plan.bucket) == "a=4x8,b=4x8"
+
+
+def test_bucket_label_is_sorted():
+    assert bucket_label({"z": (1,), "a": (2, 3)}) == "a=2x3,z=1"
+
+
+def test_padding_waste(two_input_signature):
+    plan = _planner(two_input_signature).plan({"a": (5, 8), "b": (5, 8)})
+    assert plan.bucket == {"a": (8, 8), "b": (8, 8)}
+    assert plan.padding_waste() == pytest.approx((128 - 80) / 128)
+    assert _planner(two_input_signature).plan({"a": (8, 8), "b": (8, 8)}).padding_waste() == 0.0
+
+
+def test_shared_axis_mismatch(two_input_signature):
+    with pytest.raises(BadRequestError, match=r"axis 'batch' is 3 in one input and 5 in 'b'") as info:
+        _planner(two_input_signature).plan({"a": (3, 8), "b": (5, 8)})
+    assert info.value.http_status == 400
+
+
+def test_wrong_rank_names_the_input(two_input_signature):
+    with pytest.raises(BadRequestError, match=r"input 'b' has rank 3, expected 2"):
+        _planner(two_input_signature).plan({"a": (3, 8), "b": (3, 8, 1)})
+
+
+def test_static_dim_mismatch_names_the_input(two_input_signature):
+    with pytest.raises(BadRequestError, match=r"input 'a' axis 1 is 7, the model fixes it at 8"):
+        _planner(two_input_signature).plan({"a": (3, 7), "b": (3, 8)})
+
+
+def test_zero_size_is_rejected(two_input_signature):
+    with pytest.raises(BadRequestError, match=r"input 'a' axis 0 \(batch\) must be >= 1"):
+        _planner(two_input_signature).plan({"a": (0, 8), "b": (0, 8)})
+
+
+def test_missing_input_names_it(two_input_signature):
+    with pytest.raises(BadRequestError, match=r"missing input 'b'"):
+        _planner(two_input_signature).plan({"a": (3, 8)})
+
+
+def test_unknown_input_names_it(two_input_signature):
+    with pytest.raises(BadRequestError, match=r"unknown input 'c'"):
+        _planner(two_input_signature).plan({"a": (3, 8), "b": (3, 8), "c": (3, 8)})
+
+
+def test_overflow_error(two_input_signature):
+    planner = _planner(two_input_signature, AxisPolicy(kind="pow2", max=8))
+    with pytest.raises(ShapeOutOfRangeError, match=r"axis 'batch' size 9 is beyond the largest bucket \(8\)") as info:
+        planner.plan({"a": (9, 8), "b": (9, 8)})
+    assert isinstance(info.value, BadRequestError)
+    assert info.value.http_status == 400
+
+
+def test_overflow_error_for_a_list_policy(two_input_signature):
+    planner = _planner(two_input_signature, AxisPolicy(kind="list", sizes=[2, 6]))
+    assert planner.plan({"a": (3, 8), "b": (3, 8)}).bucket_axes == {"batch": 6}
+    with pytest.raises(ShapeOutOfRangeError, match=r"beyond the largest bucket \(6\)"):
+        planner.plan({"a": (7, 8), "b": (7, 8)})
+
+
+def test_overflow_exact(two_input_signature):
+    planner = _planner(two_input_signature, AxisPolicy(kind="pow2", max=8), overflow="exact")
+    plan = planner.plan({"a": (9, 8), "b": (9, 8)})
+    assert plan.bucket == {"a": (9, 8), "b": (9, 8)}
+    assert plan.padded_axes == {}
+    # Below the largest bucket it still pads.
+    assert planner.plan({"a": (5, 8), "b": (5, 8)}).bucket_axes == {"batch": 8}
+
+
+def test_unnamed_axes_are_planned_independently():
+    signature = read_signature(onnx.load_from_string(synthetic.relu_model([None, None])))
+    plan = BucketPlanner(signature).plan({"x": (3, 5)})
+    assert plan.request_axes == {"x:0": 3, "x:1": 5}
+    assert plan.bucket == {"x": (3, 5)}
+
+
+# --- pad / unpad ------------------------------------------------------------
+
+
+def test_pad_inputs_pads_at_the_end_with_the_pad_value():
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    padded = pad_inputs({"x": array}, {"x": (4, 3)}, {"x": -1.0})["x"]
+    assert padded.shape == (4, 3)
+    assert padded.dtype == np.float32
+    np.testing.assert_array_equal(padded[:2], array)
+    assert (padded[2:] == -1.0).all()
+
+
+def test_pad_inputs_keeps_exact_arrays():
+    array = np.ones((4, 3), dtype=np.int64)
+    assert pad_inputs({"x": array}, {"x": (4, 3)})["x"] is array
+
+
+def test_pad_and_unpad_round_trip_through_onnxruntime(two_input_signature):
+    engine = OrtEngine(synthetic.two_input_model(), threads=1)
+    planner = _planner(two_input_signature)
+    rng = np.random.default_rng(7)
+    inputs = {name: rng.standard_normal((3, 8)).astype(np.float32) for name in ("a", "b")}
+
+    plan = planner.plan({name: array.shape for name, array in inputs.items()})
+    padded = planner.pad(inputs, plan)
+    assert {name: array.shape for name, array in padded.items()} == {"a": (4, 8), "b": (4, 8)}
+
+    padded_outputs = engine.run(padded)
+    assert padded_outputs["y"].shape == (4, 8)
+    outputs = planner.unpad(padded_outputs, plan)
+    expected = engine.run(inputs)
+    assert outputs["y"].shape == (3, 8)
+    np.testing.assert_allclose(outputs["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_unpad_leaves_exact_plans_alone(two_input_signature):
+    planner = _planner(two_input_signature)
+    plan = planner.plan({"a": (4, 8), "b": (4, 8)})
+    outputs = {"y": np.zeros((4, 8), dtype=np.float32)}
+    assert planner.unpad(outputs, plan)["y"].shape == (4, 8)
+
+
+def test_pow2_max_that_is_not_a_power_of_two():
+    try:
+        policy = AxisPolicy(kind="pow2", max=48)
+    except ValidationError:
+        return  # refusing such a policy up front is a fine fix too
+    bucket = policy.bucket_size(40)
+    assert bucket is not None
+    assert 40 <= bucket <= 48

@@ -1,0 +1,101 @@
+"""compiler.padding.check_axis_padding with onnxruntime as the engine."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from compiler.buckets import AxisPolicy, BucketPlanner
+from compiler.engines import OrtEngine
+from compiler.padding import check_axis_padding
+from compiler.signature import read_signature
+from tests import synthetic
+
+
+def _engine_and_signature(data: bytes):
+    return OrtEngine(data, threads=1), read_signature(onnx.load_from_string(data))
+
+
+def test_batch_axis_of_two_input_model_is_safe():
+    engine, signature = _engine_and_signature(synthetic.two_input_model())
+    safety = check_axis_padding(engine, signature, "batch", {"batch": 3}, 4)
+    assert safety.safe, safety.reason
+    assert safety.axis == "batch"
+    assert safety.output_axes == {"y": [0]}
+    assert "3 -> 4" in safety.reason
+    assert safety.max_abs_error is not None
+    assert safety.max_abs_error < 1e-5
+
+
+def test_safe_result_drives_the_planner():
+    engine, signature = _engine_and_signature(synthetic.two_input_model())
+    safety = check_axis_padding(engine, signature, "batch", {"batch": 2}, 8)
+    planner = BucketPlanner(signature, {"batch": AxisPolicy(kind="pow2", max=8)}, {"batch": safety})
+    assert planner.plan({"a": (5, 8), "b": (5, 8)}).bucket == {"a": (8, 8), "b": (8, 8)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_elementwise_batch_axis_is_safe_for_each_dtype(dtype):
+    engine, signature = _engine_and_signature(synthetic.add_model(dtype))
+    safety = check_axis_padding(engine, signature, "batch", {"batch": 5}, 8)
+    assert safety.safe, safety.reason
+    assert safety.output_axes == {"y": [0]}
+
+
+def test_unnamed_axis_is_checked_by_its_generated_name():
+    engine, signature = _engine_and_signature(synthetic.unnamed_axis_model())
+    safety = check_axis_padding(engine, signature, "x:0", {"x:0": 1}, 2)
+    assert safety.safe, safety.reason
+    assert safety.output_axes == {"y": [0]}
+
+
+def test_batch_mixing_model_is_unsafe():
+    engine, signature = _engine_and_signature(synthetic.batch_mix_model())
+    safety = check_axis_padding(engine, signature, "batch", {"batch": 3}, 4)
+    assert not safety.safe
+    assert "padding changes the outputs" in safety.reason
+    assert "'y' differs" in safety.reason
+    assert safety.output_axes == {"y": [0]}
+    assert safety.max_abs_error is not None
+    assert safety.max_abs_error > 1e-3
+
+
+def test_unsafe_result_keeps_the_planner_exact():
+    engine, signature = _engine_and_signature(synthetic.batch_mix_model())
+    safety = check_axis_padding(engine, signature, "batch", {"batch": 3}, 4)
+    planner = BucketPlanner(signature, {"batch": AxisPolicy()}, {"batch": safety})
+    assert planner.plan({"x": (3, 4)}).bucket == {"x": (3, 4)}
+
+
+def test_padded_size_must_exceed_the_exact_size():
+    engine, signature = _engine_and_signature(synthetic.two_input_model())
+    with pytest.raises(ValueError, match="must exceed"):
+        check_axis_padding(engine, signature, "batch", {"batch": 4}, 4)
+
+
+class _FailingEngine:
+    name = "failing"
+
+    def run(self, inputs):
+        raise RuntimeError("shape not supported")
+
+
+def test_engine_failure_is_reported_as_unsafe():
+    signature = read_signature(onnx.load_from_string(synthetic.two_input_model()))
+    safety = check_axis_padding(_FailingEngine(), signature, "batch", {"batch": 3}, 4)
+    assert not safety.safe
+    assert "RuntimeError: shape not supported" in safety.reason
+
+
+def test_output_axis_not_following_the_input_axis_is_unsafe():
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Flatten", ["x"], ["y"], axis=0)],
+        "flatten",
+        [synthetic.value("x", "float32", ["batch", 4])],
+        [synthetic.value("y", "float32", [1, None])],
+    )
+    engine, signature = _engine_and_signature(synthetic.make_model(graph).SerializeToString())
+    safety = check_axis_padding(engine, signature, "batch", {"batch": 3}, 4)
+    assert not safety.safe
+    assert "axis 1 goes 12 -> 16" in safety.reason
+    assert "not cut back 1:1" in safety.reason

@@ -1,0 +1,68 @@
+"""compiler.worker.run_in_child: results, typed errors, crashes, timeouts."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from compiler.errors import (
+    BadRequestError,
+    CompileCrashedError,
+    CompileError,
+    CompileTimeoutError,
+    UnsupportedOperatorError,
+)
+from compiler.worker import run_in_child
+from tests import child_functions
+
+
+def test_returns_the_result_of_a_module_level_function():
+    assert run_in_child(child_functions.square, 7, timeout=30) == 49
+
+
+def test_runs_in_another_process_and_pickles_arguments():
+    result = run_in_child(child_functions.echo_dict, {"a": [1, 2], "b": b"\x00"}, timeout=30)
+    assert result["got"] == {"a": [1, 2], "b": b"\x00"}
+    assert result["pid"] != os.getpid()
+
+
+def test_jitserve_error_subclass_keeps_its_class():
+    with pytest.raises(UnsupportedOperatorError, match="no converter for Det") as info:
+        run_in_child(child_functions.raise_unsupported, "Det", timeout=30)
+    assert type(info.value) is UnsupportedOperatorError
+    assert info.value.http_status == 500
+
+
+def test_other_exception_becomes_compile_error_naming_its_type():
+    with pytest.raises(CompileError, match="ValueError: broken input") as info:
+        run_in_child(child_functions.raise_value_error, "broken input", timeout=30)
+    assert type(info.value) is CompileError
+
+
+def test_segfault_raises_crashed_and_the_caller_goes_on():
+    with pytest.raises(CompileCrashedError, match="SIGSEGV"):
+        run_in_child(child_functions.segfault, None, timeout=30)
+    # The parent survived and can run the next child.
+    assert run_in_child(child_functions.square, 3, timeout=30) == 9
+
+
+def test_exit_without_an_answer_raises_crashed_with_the_status():
+    with pytest.raises(CompileCrashedError, match="status 3"):
+        run_in_child(child_functions.exit_quietly, 3, timeout=30)
+
+
+def test_unpicklable_result_fails_as_a_compile_error():
+    with pytest.raises(CompileError):
+        run_in_child(child_functions.unpicklable_result, None, timeout=30)
+
+
+def test_timeout_kills_the_child():
+    started = time.monotonic()
+    with pytest.raises(CompileTimeoutError, match="ran past 1 s") as info:
+        run_in_child(child_functions.sleep_for, 60.0, timeout=1.0, what="probe")
+    assert str(info.value).startswith("probe ")
+    assert time.monotonic() - started < 10
+    assert issubclass(CompileTimeoutError, CompileError)
+    assert not issubclass(CompileTimeoutError, BadRequestError)
