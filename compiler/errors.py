@@ -22,6 +22,12 @@ class ShapeOutOfRangeError(BadRequestError):
     """A request dimension has no bucket under the axis policy."""
 
 
+class UnauthorizedError(JitServeError):
+    """A model-changing call without the admin bearer token."""
+
+    http_status = 401
+
+
 class NotFoundError(JitServeError):
     http_status = 404
 

@@ -11,6 +11,42 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JITSERVE_", extra="ignore")
 
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds; a non-loopback address requires ``admin_token``."""
+
+    port: int = 8000
+    """TCP port of the HTTP server."""
+
+    admin_token: str | None = None
+    """When set, ``PUT`` and ``DELETE`` on models need ``Authorization: Bearer <token>``."""
+
+    demo_model: bool = True
+    """Register the built-in ``demo`` model when the model store is empty."""
+
+    max_predict_bytes: int = 16 * 1024 * 1024
+    """Largest accepted prediction request body, in bytes."""
+
+    compile_workers: int = 1
+    """Compiles running at once; each runs in its own child process."""
+
+    compile_queue_size: int = 32
+    """Compiles that may wait; past it uploads with warm buckets answer 503."""
+
+    inference_threads: int = 2
+    """Threads running inference (ONNX Runtime or TVM) off the event loop."""
+
+    inference_queue_size: int = 64
+    """Predictions that may wait for an inference thread; past it requests answer 503."""
+
+    ort_threads: int = 0
+    """Intra-op threads of each ONNX Runtime session (0: ONNX Runtime's default)."""
+
+    kernel_cache_entries: int = 64
+    """Most kernels held loaded in memory (LRU); evicted ones reload from the store."""
+
+    kernel_cache_bytes: int = 1024 * 1024 * 1024
+    """Most bytes of kernel libraries held loaded in memory (LRU)."""
+
     data_dir: Path = Path("data")
     """Root of the model store and the artifact store; survives restarts."""
 
@@ -34,6 +70,11 @@ class Settings(BaseSettings):
 
     verify_seed: int = 0
     """Seed of the random inputs used to verify kernels and check padding safety."""
+
+    @property
+    def model_store_dir(self) -> Path:
+        """Uploaded models, one directory per name and version."""
+        return self.data_dir / "models"
 
     @property
     def kernel_store_dir(self) -> Path:

@@ -1,0 +1,123 @@
+"""Every jitserve metric, defined in one place.
+
+One :class:`Metrics` object owns its own registry (no globals, so each app
+and each test has its own) and exposes keyword-only ``record_*`` methods.
+Label values are bounded: model names are registered names (requests for
+unknown models are counted under ``model=""``), engines, targets, outcomes
+and reasons are small fixed sets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+RECOMPILE_REASONS = ("new_model_version", "artifact_missing", "target_or_compiler_changed")
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.compiles = Counter(
+            "jitserve_compiles_total",
+            "Kernel compiles by outcome (ok, verify_failed, error).",
+            ["model", "target", "outcome"],
+            registry=r,
+        )
+        self.recompiles = Counter(
+            "jitserve_recompiles_total",
+            "Compiles of a bucket that had been compiled before, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.compile_duration = Histogram(
+            "jitserve_compile_duration_seconds",
+            "Wall time of one kernel compile (import, build, export).",
+            ["model", "target"],
+            buckets=COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "jitserve_kernel_cache_hits_total",
+            "Requests whose bucket kernel was in the in-memory cache.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "jitserve_kernel_cache_misses_total",
+            "Requests whose bucket kernel was not in the in-memory cache.",
+            ["model"],
+            registry=r,
+        )
+        self.kernel_reloads = Counter(
+            "jitserve_kernel_reloads_total",
+            "Kernels loaded from the artifact store instead of compiled.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache.", registry=r
+        )
+        self.cache_entries = Gauge("jitserve_kernel_cache_entries", "Kernels held in the in-memory cache.", registry=r)
+        self.queue_depth = Gauge("jitserve_compile_queue_depth", "Compiles queued or running.", registry=r)
+        self.requests = Counter(
+            "jitserve_requests_total",
+            "Prediction requests by model, serving engine and HTTP status.",
+            ["model", "engine", "code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "jitserve_request_duration_seconds",
+            "Prediction latency inside the server, by engine.",
+            ["model", "engine"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.padding_waste = Histogram(
+            "jitserve_padding_waste_ratio",
+            "Padded elements / bucket elements per request.",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+
+    def record_compile(self, *, model: str, target: str, outcome: str, seconds: float | None) -> None:
+        self.compiles.labels(model, target, outcome).inc()
+        if seconds is not None:
+            self.compile_duration.labels(model, target).observe(seconds)
+
+    def record_recompile(self, *, model: str, reason: str) -> None:
+        self.recompiles.labels(model, reason).inc()
+
+    def record_cache_lookup(self, *, model: str, hit: bool) -> None:
+        (self.cache_hits if hit else self.cache_misses).labels(model).inc()
+
+    def record_reload(self, *, model: str) -> None:
+        self.kernel_reloads.labels(model).inc()
+
+    def record_eviction(self) -> None:
+        self.cache_evictions.inc()
+
+    def set_cache_entries(self, *, entries: int) -> None:
+        self.cache_entries.set(entries)
+
+    def set_queue_depth(self, *, depth: int) -> None:
+        self.queue_depth.set(depth)
+
+    def record_request(self, *, model: str, engine: str, code: int, seconds: float | None = None) -> None:
+        self.requests.labels(model, engine, str(code)).inc()
+        if seconds is not None:
+            self.request_duration.labels(model, engine).observe(seconds)
+
+    def record_padding(self, *, model: str, waste: float) -> None:
+        self.padding_waste.labels(model).observe(waste)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

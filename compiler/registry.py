@@ -1,0 +1,137 @@
+"""Uploaded models on disk: ``models/<name>/v<version>/{model.onnx,record.json}``.
+
+A version directory is written in ``models/.staging`` and renamed into place,
+so a crash never leaves a half-written model; the newest complete version is
+the current one, older ones are removed once a new one is in place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .buckets import AxisPolicy, AxisSafety
+from .errors import BadRequestError
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MODEL_FILE = "model.onnx"
+RECORD_FILE = "record.json"
+
+
+def check_model_name(name: str) -> str:
+    if not MODEL_NAME.match(name) or name in {".", ".."}:
+        raise BadRequestError(f"invalid model name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+    return name
+
+
+class ModelConfig(BaseModel):
+    """Per-model serving configuration, sent as the ``config`` part of an upload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    axes: dict[str, AxisPolicy] = Field(default_factory=dict, description="bucket policy per symbolic axis")
+    default_axis_policy: AxisPolicy = Field(
+        default_factory=lambda: AxisPolicy(kind="pow2", min=1, max=1024),
+        description="policy of symbolic axes not named in `axes`",
+    )
+    overflow: Literal["error", "exact"] = Field("exact", description="beyond the largest bucket: 400 or exact")
+    probe_sizes: dict[str, int] = Field(
+        default_factory=dict, description="sizes of symbolic axes for the padding-safety check"
+    )
+    warm_buckets: list[dict[str, list[int]]] = Field(
+        default_factory=list, description="request shapes compiled right after upload"
+    )
+    pad_values: dict[str, float] = Field(default_factory=dict, description="pad value per input (default 0)")
+    target: str | None = Field(None, description="llvm, cuda or a JSON target; default from settings")
+    rtol: float | None = Field(None, gt=0, description="verification rtol; default from settings")
+    atol: float | None = Field(None, gt=0, description="verification atol; default from settings")
+
+
+class BucketRecord(BaseModel):
+    """A bucket compiled for some version: tells a recompile from a first compile."""
+
+    key: str
+    model_version: int
+
+
+class ModelRecord(BaseModel):
+    name: str
+    version: int
+    digest: str
+    config: ModelConfig
+    safety: dict[str, AxisSafety]
+    created_at: float
+    buckets: dict[str, BucketRecord] = Field(default_factory=dict)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class ModelStore:
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.staging = self.root / ".staging"
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir()
+
+    def _versions(self, name: str) -> list[int]:
+        directory = self.root / name
+        if not directory.is_dir():
+            return []
+        found = []
+        for entry in directory.iterdir():
+            if entry.name.startswith("v") and entry.name[1:].isdigit() and (entry / RECORD_FILE).is_file():
+                found.append(int(entry.name[1:]))
+        return sorted(found)
+
+    def _dir(self, name: str, version: int) -> Path:
+        return self.root / name / f"v{version}"
+
+    def load_all(self) -> list[tuple[ModelRecord, bytes]]:
+        loaded = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") or not MODEL_NAME.match(entry.name):
+                continue
+            versions = self._versions(entry.name)
+            if not versions:
+                continue
+            directory = self._dir(entry.name, versions[-1])
+            record = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
+            loaded.append((record, (directory / MODEL_FILE).read_bytes()))
+        return loaded
+
+    def save(self, record: ModelRecord, data: bytes) -> None:
+        """Write a new version in one rename, then drop the older versions."""
+        staged = self.staging / f"{record.name}.{uuid.uuid4().hex[:8]}"
+        staged.mkdir()
+        (staged / MODEL_FILE).write_bytes(data)
+        _write_atomic(staged / RECORD_FILE, record.model_dump_json(indent=2))
+        (self.root / record.name).mkdir(exist_ok=True)
+        os.rename(staged, self._dir(record.name, record.version))
+        for version in self._versions(record.name)[:-1]:
+            shutil.rmtree(self._dir(record.name, version), ignore_errors=True)
+
+    def update_record(self, record: ModelRecord) -> None:
+        directory = self._dir(record.name, record.version)
+        if directory.is_dir():
+            _write_atomic(directory / RECORD_FILE, record.model_dump_json(indent=2))
+
+    def delete(self, name: str) -> None:
+        directory = self.root / name
+        if directory.is_dir():
+            doomed = self.staging / f"deleted.{name}.{uuid.uuid4().hex[:8]}"
+            os.rename(directory, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)

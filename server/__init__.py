@@ -1,0 +1,1 @@
+"""jitserve's HTTP layer: thin adapters over :class:`compiler.service.ModelService`."""

@@ -1,0 +1,83 @@
+"""The app factory: everything built from one Settings object, no globals."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
+from compiler.errors import JitServeError
+from compiler.metrics import Metrics
+from compiler.service import ModelService
+from compiler.settings import Settings
+
+from .routes import router
+
+log = logging.getLogger("jitserve")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings) -> None:
+    if not is_loopback(settings.host) and not settings.admin_token:
+        raise ValueError(
+            f"refusing to serve on non-loopback host {settings.host!r} without JITSERVE_ADMIN_TOKEN: "
+            "anyone could upload or delete models"
+        )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    check_exposure(settings)
+    metrics = Metrics()
+    service = ModelService(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        if settings.demo_model and not service.model_names:
+            service.register(DEMO_NAME, demo_model_bytes(), DEMO_CONFIG)
+            log.info("registered the built-in %r model", DEMO_NAME)
+        yield
+        service.close()
+
+    app = FastAPI(title="jitserve", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.service = service
+    app.include_router(router)
+
+    # The one place errors become HTTP: always {"error": "..."}.
+    @app.exception_handler(JitServeError)
+    async def jitserve_error(_: Request, exc: JitServeError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"])
+        return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+    return app

@@ -1,0 +1,95 @@
+"""REST endpoints: each one adapts HTTP to one ModelService call."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from compiler.errors import BadRequestError, UnauthorizedError
+from compiler.service import ModelService
+
+from .body import parse_json_object, parse_upload, read_limited
+
+router = APIRouter()
+
+
+def service_of(request: Request) -> ModelService:
+    return request.app.state.service
+
+
+def require_admin(request: Request) -> None:
+    token = request.app.state.settings.admin_token
+    if not token:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise UnauthorizedError("this call needs 'Authorization: Bearer <admin token>'")
+
+
+@router.put("/models/{name}", status_code=201, dependencies=[Depends(require_admin)])
+async def upload_model(name: str, request: Request, replace: bool = False) -> JSONResponse:
+    settings = request.app.state.settings
+    body = await read_limited(request, settings.max_model_bytes)
+    data, config = await parse_upload(request, body)
+    described = await run_in_threadpool(service_of(request).register, name, data, config, replace=replace)
+    return JSONResponse(described, status_code=201)
+
+
+@router.get("/models")
+async def list_models(request: Request) -> dict:
+    service = service_of(request)
+    return {"models": [service.describe(name) for name in service.model_names]}
+
+
+@router.get("/models/{name}")
+async def describe_model(name: str, request: Request) -> dict:
+    return service_of(request).describe(name)
+
+
+@router.delete("/models/{name}", status_code=204, dependencies=[Depends(require_admin)])
+async def delete_model(name: str, request: Request) -> Response:
+    await run_in_threadpool(service_of(request).delete, name)
+    return Response(status_code=204)
+
+
+async def _predict(request: Request, name: str | None) -> dict:
+    body = parse_json_object(await read_limited(request, request.app.state.settings.max_predict_bytes))
+    if name is None:
+        name = body.get("model")
+        if not isinstance(name, str):
+            raise BadRequestError("missing 'model': the name of the model to run")
+    if "inputs" not in body:
+        raise BadRequestError("missing 'inputs': an object of input name -> nested list")
+    future = service_of(request).submit_predict(name, body["inputs"])
+    return await asyncio.wrap_future(future)
+
+
+@router.post("/predict")
+async def predict(request: Request) -> dict:
+    return await _predict(request, None)
+
+
+@router.post("/models/{name}/predict")
+async def predict_model(name: str, request: Request) -> dict:
+    return await _predict(request, name)
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    ready, waiting = service_of(request).ready()
+    return JSONResponse({"ready": ready, "waiting": waiting}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    registry = request.app.state.metrics
+    return Response(registry.exposition(), media_type=registry.content_type)
