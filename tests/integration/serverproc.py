@@ -1,0 +1,103 @@
+"""A real jitserve process on a free loopback port, for integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m server`` with ``JITSERVE_*`` settings; restartable on the same data dir."""
+
+    def __init__(self, data_dir: Path, **settings) -> None:
+        self.data_dir = data_dir
+        self.settings = settings
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.log_path = data_dir.parent / f"server-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"JITSERVE_DATA_DIR": str(self.data_dir), "JITSERVE_PORT": str(self.port)})
+        env.setdefault("JITSERVE_DEMO_MODEL", "false")
+        for key, value in self.settings.items():
+            env[f"JITSERVE_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        return env
+
+    def start(self, timeout: float = 60) -> ServerProcess:
+        log = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "server"], cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server did not come up:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def restart(self) -> ServerProcess:
+        self.stop()
+        self.port = free_port()
+        return self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120, **kwargs)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def wait_until(predicate, timeout: float = 180, interval: float = 0.25, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}")

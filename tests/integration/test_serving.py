@@ -1,0 +1,192 @@
+"""The serving path end to end, against a real server process: JIT compiles,
+bucket padding, metrics, restart, replace, eviction."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from compiler.engines import OrtEngine
+from tests import synthetic
+from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.realmodels import CLS, rapidocr_model
+
+CLS_CONFIG = {
+    "axes": {"x:0": {"kind": "pow2", "min": 1, "max": 8}},
+    "probe_sizes": {"x:0": 3, "x:2": 48, "x:3": 192},
+    "warm_buckets": [{"x": [1, 3, 48, 192]}],
+}
+
+
+def upload(client, name: str, data: bytes, config: dict | None = None, **params):
+    files = {"model": ("model.onnx", data, "application/octet-stream")}
+    if config is not None:
+        files["config"] = ("config.json", json.dumps(config), "application/json")
+    return client.put(f"/models/{name}", files=files, params=params)
+
+
+def bucket_state(client, model: str, label: str) -> str | None:
+    for bucket in client.get(f"/models/{model}").json()["buckets"]:
+        if bucket["bucket"] == label:
+            return bucket["state"]
+    return None
+
+
+def wait_ready(client, model: str, label: str) -> None:
+    wait_until(lambda: bucket_state(client, model, label) in ("ready", "failed"), what=f"{model} {label}")
+    assert bucket_state(client, model, label) == "ready", client.get(f"/models/{model}").json()
+
+
+def predict(client, model: str, x: np.ndarray) -> dict:
+    response = client.post("/predict", json={"model": model, "inputs": {"x": x.tolist()}})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def metrics(client) -> str:
+    return client.get("/metrics").text
+
+
+@pytest.mark.slow
+def test_cls_buckets_jit_metrics_and_restart(tmp_path):
+    model_path = rapidocr_model(CLS)
+    data = model_path.read_bytes()
+    reference = OrtEngine(data)
+    output = reference.output_names[0]
+    rng = np.random.default_rng(7)
+    batches = {n: rng.standard_normal((n, 3, 48, 192)).astype(np.float32) for n in (1, 3, 5)}
+    expected_bucket = {1: "x=1x3x48x192", 3: "x=4x3x48x192", 5: "x=8x3x48x192"}
+
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        with server.client() as client:
+            created = upload(client, "cls", data, CLS_CONFIG)
+            assert created.status_code == 201, created.text
+            axes = created.json()["axes"]
+            assert axes["x:0"]["padding_safety"]["safe"] is True
+            assert axes["x:0"]["effective_policy"] == "pow2"
+            assert axes["x:3"]["padding_safety"]["safe"] is False  # global pooling sees the padding
+            assert axes["x:3"]["effective_policy"] == "exact"
+
+            wait_until(lambda: client.get("/readyz").status_code == 200, what="warm bucket")
+            engines = {}
+            for n, x in batches.items():
+                first = predict(client, "cls", x)
+                assert first["bucket"] == expected_bucket[n]
+                if n != 1:  # a new bucket: answered at once by ONNX Runtime, compiled meanwhile
+                    assert first["engine"] == "onnxruntime"
+                    wait_ready(client, "cls", expected_bucket[n])
+                second = predict(client, "cls", x)
+                assert second["engine"] == "tvm"
+                engines[n] = (first["engine"], second["engine"])
+                want = reference.run({"x": x})[output]
+                for answer in (first, second):
+                    got = np.asarray(answer["outputs"][output], dtype=np.float32)
+                    assert got.shape == (n, 2)  # cut back from the padded bucket
+                    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+            text = metrics(client)
+            assert metric_value(text, "jitserve_compiles_total", model="cls", outcome="ok") == 3
+            assert metric_value(text, "jitserve_compile_duration_seconds_count", model="cls") == 3
+            assert metric_value(text, "jitserve_recompiles_total", model="cls") == 0
+            assert metric_value(text, "jitserve_requests_total", model="cls", engine="tvm", code="200") == 4
+            assert metric_value(text, "jitserve_requests_total", model="cls", engine="onnxruntime", code="200") == 2
+            # Padding waste: batch 3 in bucket 4 wastes 1/4, batch 5 in bucket 8 wastes 3/8.
+            assert metric_value(text, "jitserve_padding_waste_ratio_count", model="cls") == 4
+            waste = metric_value(text, "jitserve_padding_waste_ratio_sum", model="cls")
+            assert waste == pytest.approx(0.25 + 0.375, abs=1e-6)
+            assert metric_value(text, "jitserve_kernel_cache_entries") == 3
+            assert metric_value(text, "jitserve_compile_queue_depth") == 0
+
+        server.restart()
+        with server.client() as client:
+            wait_until(lambda: client.get("/readyz").status_code == 200, what="warm bucket after restart")
+            for n, x in batches.items():
+                answer = predict(client, "cls", x)
+                assert answer["engine"] == "tvm", f"batch {n} after restart: {answer['engine']}"
+                assert answer["bucket"] == expected_bucket[n]
+            text = metrics(client)
+            assert metric_value(text, "jitserve_compiles_total") == 0
+            assert metric_value(text, "jitserve_kernel_reloads_total", model="cls") == 2  # buckets 4 and 8
+            described = client.get("/models/cls").json()
+            assert described["version"] == 1
+            assert {b["bucket"]: b["state"] for b in described["buckets"]} == {
+                label: "ready" for label in expected_bucket.values()
+            }
+    finally:
+        server.stop()
+
+
+def _variant(data: bytes, text: str) -> bytes:
+    """The same graph with a different doc string: new bytes, new digest."""
+    model = onnx.load_from_string(data)
+    model.doc_string = text
+    return model.SerializeToString()
+
+
+def test_eviction_replace_and_missing_artifact_recompile(tmp_path):
+    config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "probe_sizes": {"batch": 3}}
+    data = synthetic.two_input_model()
+    server = ServerProcess(tmp_path / "data", kernel_cache_entries=1).start()
+
+    def ask(client, n: int) -> dict:
+        x = np.ones((n, 8), dtype=np.float32)
+        response = client.post("/models/two/predict", json={"inputs": {"a": x.tolist(), "b": x.tolist()}})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    try:
+        with server.client() as client:
+            assert upload(client, "two", data, config).status_code == 201
+            assert ask(client, 1)["engine"] == "onnxruntime"
+            wait_ready(client, "two", "a=1x8,b=1x8")
+            assert ask(client, 3)["engine"] == "onnxruntime"
+            wait_ready(client, "two", "a=4x8,b=4x8")
+            # The cache holds one kernel: bucket 1 was evicted and comes back by reload.
+            assert ask(client, 1)["engine"] == "tvm"
+            text = metrics(client)
+            assert metric_value(text, "jitserve_kernel_cache_evictions_total") >= 1
+            assert metric_value(text, "jitserve_kernel_reloads_total", model="two") >= 1
+            assert metric_value(text, "jitserve_compiles_total", model="two") == 2
+            assert metric_value(text, "jitserve_kernel_cache_entries") == 1
+
+            replaced = upload(client, "two", _variant(data, "v2"), config, replace="true")
+            assert replaced.status_code == 201, replaced.text
+            assert replaced.json()["version"] == 2
+            assert ask(client, 1)["engine"] == "onnxruntime"
+            wait_ready(client, "two", "a=1x8,b=1x8")
+            assert ask(client, 1)["engine"] == "tvm"
+            text = metrics(client)
+            assert metric_value(text, "jitserve_recompiles_total", model="two", reason="new_model_version") == 1
+            assert metric_value(text, "jitserve_compiles_total", model="two") == 3
+
+        server.stop()
+        shutil.rmtree(server.data_dir / "kernels" / "artifacts")
+        server.start()
+        with server.client() as client:
+            assert ask(client, 1)["engine"] == "onnxruntime"
+            wait_ready(client, "two", "a=1x8,b=1x8")
+            text = metrics(client)
+            assert metric_value(text, "jitserve_recompiles_total", model="two", reason="artifact_missing") == 1
+            assert metric_value(text, "jitserve_compiles_total", model="two", outcome="ok") == 1
+    finally:
+        server.stop()
+
+
+def test_demo_model_answers_right_after_start(tmp_path):
+    server = ServerProcess(tmp_path / "data", demo_model="true").start()
+    try:
+        with server.client() as client:
+            response = client.post("/predict", json={"model": "demo", "inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}})
+            assert response.status_code == 200, response.text
+            probs = response.json()["outputs"]["probs"]
+            assert len(probs) == 1 and len(probs[0]) == 3
+            assert sum(probs[0]) == pytest.approx(1.0, abs=1e-5)
+            wait_until(lambda: client.get("/readyz").status_code == 200, what="demo warm bucket")
+            assert [m["name"] for m in client.get("/models").json()["models"]] == ["demo"]
+    finally:
+        server.stop()
