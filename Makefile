@@ -21,4 +21,4 @@ test: lint
 	$(PY) -m pytest
 
 run: install
-	$(PY) -m compiler compile $(MODEL) $(SHAPES)
+	$(PY) -m server

@@ -493,7 +493,7 @@ def parse_inputs(signature, inputs: Any) -> dict[str, np.ndarray]:
                 f"input {spec.name!r} is ragged: nested lists must form a rectangular array"
             ) from None
         if array.dtype == object:
-            raise BadRequestError(f"input {spec.name!r} is ragged or mixes types")
+            raise BadRequestError(f"input {spec.name!r} must be a rectangular nested list of numbers")
         if array.dtype.kind not in "biuf":
             raise BadRequestError(f"input {spec.name!r} must be numeric, got {array.dtype.kind!r} data")
         if array.ndim != spec.rank:
