@@ -258,7 +258,7 @@ class ModelService:
                 raise BadRequestError(f"config warm_buckets: {exc}") from None
             warm = [s for s in served.buckets.values() if s.warm]
             free = self._compile_queue.maxsize - self._compile_queue.qsize()
-            if len(warm) > free:
+            if self.jit_enabled and len(warm) > free:
                 raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
             self.models_store.save(record, data)
             self._models[name] = served
@@ -304,7 +304,14 @@ class ModelService:
             "buckets": buckets,
         }
 
+    @property
+    def jit_enabled(self) -> bool:
+        """With no compile workers jitserve serves everything through ONNX Runtime."""
+        return self.settings.compile_workers > 0
+
     def ready(self) -> tuple[bool, list[str]]:
+        if not self.jit_enabled:
+            return True, []
         waiting = [
             f"{served.name}:{state.label}"
             for served in list(self._models.values())
@@ -320,6 +327,8 @@ class ModelService:
 
     def _enqueue(self, served: ServedModel, state: BucketState) -> bool:
         """Single-flight: a bucket is queued at most once at a time."""
+        if not self.jit_enabled:
+            return True
         with served.lock:
             if state.state != "new":
                 return True
@@ -468,7 +477,7 @@ class ModelService:
         return {
             "model": name,
             "version": served.record.version,
-            "outputs": {k: v.tolist() for k, v in outputs.items()},
+            "outputs": {k: np.ascontiguousarray(v) for k, v in outputs.items()},
             "engine": engine_name,
             "bucket": state.label,
         }

@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     """Largest accepted prediction request body, in bytes."""
 
     compile_workers: int = 1
-    """Compiles running at once; each runs in its own child process."""
+    """Compiles running at once, each in its own child process; 0 serves everything through ONNX Runtime."""
 
     compile_queue_size: int = 32
     """Compiles that may wait; past it uploads with warm buckets answer 503."""

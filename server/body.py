@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+import orjson
 from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -27,8 +29,8 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise BadRequestError(f"malformed JSON: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequestError("the JSON body must be an object")
@@ -63,3 +65,14 @@ async def parse_upload(request: Request, body: bytes) -> tuple[bytes, dict | Non
     if not isinstance(config, dict):
         raise BadRequestError("config part must be a JSON object")
     return model, config
+
+
+def _to_list(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def json_bytes(value: Any) -> bytes:
+    """orjson writes contiguous numpy arrays directly; anything else goes through tolist()."""
+    return orjson.dumps(value, default=_to_list, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from compiler.errors import BadRequestError, UnauthorizedError
 from compiler.service import ModelService
 
-from .body import parse_json_object, parse_upload, read_limited
+from .body import json_bytes, parse_json_object, parse_upload, read_limited
 
 router = APIRouter()
 
@@ -56,7 +56,7 @@ async def delete_model(name: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def _predict(request: Request, name: str | None) -> dict:
+async def _predict(request: Request, name: str | None) -> Response:
     body = parse_json_object(await read_limited(request, request.app.state.settings.max_predict_bytes))
     if name is None:
         name = body.get("model")
@@ -65,16 +65,17 @@ async def _predict(request: Request, name: str | None) -> dict:
     if "inputs" not in body:
         raise BadRequestError("missing 'inputs': an object of input name -> nested list")
     future = service_of(request).submit_predict(name, body["inputs"])
-    return await asyncio.wrap_future(future)
+    result = await asyncio.wrap_future(future)
+    return Response(json_bytes(result), media_type="application/json")
 
 
 @router.post("/predict")
-async def predict(request: Request) -> dict:
+async def predict(request: Request) -> Response:
     return await _predict(request, None)
 
 
 @router.post("/models/{name}/predict")
-async def predict_model(name: str, request: Request) -> dict:
+async def predict_model(name: str, request: Request) -> Response:
     return await _predict(request, name)
 
 

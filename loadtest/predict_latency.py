@@ -1,0 +1,134 @@
+"""Latency of ``POST /predict`` against calling ONNX Runtime directly.
+
+Starts a real jitserve process per configuration on a free loopback port,
+uploads the model, and times the same input through HTTP and through an
+in-process ONNX Runtime session, in one run:
+
+    .venv/bin/python loadtest/predict_latency.py MODEL.onnx --shape x=1,3,48,192 [--config CONFIG.json]
+
+Configurations: ``ort-only`` (no compile workers: every request served by
+ONNX Runtime, so the difference is the HTTP + JSON cost) and ``jit`` (the
+bucket's verified TVM kernel serves once compiled). Prints one JSON object
+per configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from compiler.engines import OrtEngine  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(data_dir: str, **settings) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = dict(os.environ, JITSERVE_DATA_DIR=data_dir, JITSERVE_PORT=str(port), JITSERVE_DEMO_MODEL="false")
+    env.update({f"JITSERVE_{k.upper()}": str(v) for k, v in settings.items()})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("server did not start")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def measure(model_path: Path, inputs: dict[str, np.ndarray], config: dict, runs: int, **settings) -> dict:
+    data = model_path.read_bytes()
+    # Encoded once: the client's JSON encoding is not the server's cost.
+    body = json.dumps({"inputs": {k: v.tolist() for k, v in inputs.items()}}).encode()
+    headers = {"content-type": "application/json"}
+    with tempfile.TemporaryDirectory() as data_dir:
+        process, url = _start(data_dir, **settings)
+        try:
+            with httpx.Client(base_url=url, timeout=600) as client:
+                files = {"model": ("m.onnx", data), "config": ("c.json", json.dumps(config))}
+                client.put("/models/m", files=files).raise_for_status()
+                client.post("/models/m/predict", content=body, headers=headers).raise_for_status()
+                # Let the compile (if any) land and the warm bucket load.
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    states = [b["state"] for b in client.get("/models/m").json()["buckets"]]
+                    if all(s in ("ready", "failed", "new") for s in states) and client.get("/readyz").is_success:
+                        break
+                    time.sleep(0.5)
+                engine = OrtEngine(data)
+                for _ in range(3):
+                    client.post("/models/m/predict", content=body, headers=headers).raise_for_status()
+                    engine.run(inputs)
+                http_ms, ort_ms, engines = [], [], set()
+                for _ in range(runs):
+                    started = time.perf_counter()
+                    response = client.post("/models/m/predict", content=body, headers=headers)
+                    http_ms.append((time.perf_counter() - started) * 1000)
+                    engines.add(response.json()["engine"])
+                    started = time.perf_counter()
+                    engine.run(inputs)
+                    ort_ms.append((time.perf_counter() - started) * 1000)
+        finally:
+            process.terminate()
+            process.wait(30)
+    return {
+        "served_by": sorted(engines),
+        "predict_p50_ms": round(statistics.median(http_ms), 3),
+        "predict_p99_ms": round(_percentile(http_ms, 99), 3),
+        "ort_direct_p50_ms": round(statistics.median(ort_ms), 3),
+        "ratio_p50_vs_ort": round(statistics.median(http_ms) / statistics.median(ort_ms), 2),
+        "request_json_bytes": len(body),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--shape", action="append", required=True, metavar="NAME=D0,D1,...")
+    parser.add_argument("--config", type=Path, help="model config JSON (axis policies, probe sizes)")
+    parser.add_argument("--runs", type=int, default=50)
+    args = parser.parse_args()
+
+    shapes = {}
+    for item in args.shape:
+        name, _, dims = item.rpartition("=")
+        shapes[name] = tuple(int(d) for d in dims.split(","))
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    config = json.loads(args.config.read_text()) if args.config else {}
+    config.setdefault("warm_buckets", [{k: list(v) for k, v in shapes.items()}])
+
+    for label, settings in (("ort-only", {"compile_workers": 0}), ("jit", {})):
+        result = measure(args.model, inputs, config, args.runs, **settings)
+        print(json.dumps({"config": label, "shape": args.shape, **result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
