@@ -125,6 +125,7 @@ class ModelService:
             settings.compile_queue_size
         )
         self._compiles_running = 0
+        self._running_lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.inference_threads, "jitserve-infer")
         self._pool_slots = threading.BoundedSemaphore(settings.inference_threads + settings.inference_queue_size)
@@ -353,7 +354,8 @@ class ModelService:
             if job is None:
                 return
             served, state = job
-            self._compiles_running += 1
+            with self._running_lock:
+                self._compiles_running += 1
             self._update_queue_depth()
             try:
                 if not served.retired:
@@ -362,7 +364,8 @@ class ModelService:
                 log.exception("compile of %s %s failed unexpectedly", served.name, state.label)
                 state.state, state.reason = "failed", "internal error"
             finally:
-                self._compiles_running -= 1
+                with self._running_lock:
+                    self._compiles_running -= 1
                 self._update_queue_depth()
 
     def _recompile_reason(self, served: ServedModel, state: BucketState) -> str | None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from compiler.errors import BadRequestError, UnauthorizedError
+from compiler.errors import BadRequestError, JitServeError, UnauthorizedError
 from compiler.service import ModelService
 
 from .body import json_bytes, parse_json_object, parse_upload, read_limited
@@ -57,14 +57,21 @@ async def delete_model(name: str, request: Request) -> Response:
 
 
 async def _predict(request: Request, name: str | None) -> Response:
-    body = parse_json_object(await read_limited(request, request.app.state.settings.max_predict_bytes))
-    if name is None:
-        name = body.get("model")
-        if not isinstance(name, str):
-            raise BadRequestError("missing 'model': the name of the model to run")
-    if "inputs" not in body:
-        raise BadRequestError("missing 'inputs': an object of input name -> nested list")
-    future = service_of(request).submit_predict(name, body["inputs"])
+    service = service_of(request)
+    try:
+        body = parse_json_object(await read_limited(request, request.app.state.settings.max_predict_bytes))
+        if name is None:
+            name = body.get("model")
+            if not isinstance(name, str):
+                raise BadRequestError("missing 'model': the name of the model to run")
+        if "inputs" not in body:
+            raise BadRequestError("missing 'inputs': an object of input name -> nested list")
+        future = service.submit_predict(name, body["inputs"])
+    except JitServeError as exc:
+        # Rejected before reaching a model; label only registered names (bounded).
+        model = name if name in service.model_names else ""
+        request.app.state.metrics.record_request(model=model, engine="none", code=exc.http_status)
+        raise
     result = await asyncio.wrap_future(future)
     return Response(json_bytes(result), media_type="application/json")
 

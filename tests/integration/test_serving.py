@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import numpy as np
 import onnx
@@ -190,3 +191,39 @@ def test_demo_model_answers_right_after_start(tmp_path):
             assert [m["name"] for m in client.get("/models").json()["models"]] == ["demo"]
     finally:
         server.stop()
+
+
+def test_replace_under_concurrent_requests_drops_none(tmp_path):
+    """Requests in flight finish on the old version; none fails across the swap."""
+    data = synthetic.two_input_model()
+    server = ServerProcess(tmp_path / "data", compile_workers=0).start()
+    x = np.ones((2, 8), dtype=np.float32).tolist()
+    statuses, versions, stop = [], [], threading.Event()
+
+    def hammer():
+        with server.client() as client:
+            while not stop.is_set():
+                response = client.post("/models/two/predict", json={"inputs": {"a": x, "b": x}})
+                statuses.append(response.status_code)
+                if response.status_code == 200:
+                    versions.append(response.json()["version"])
+
+    try:
+        with server.client() as client:
+            assert upload(client, "two", data).status_code == 201
+            threads = [threading.Thread(target=hammer) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: len(versions) >= 10, what="requests on version 1")
+            assert upload(client, "two", _variant(data, "v2"), replace="true").json()["version"] == 2
+            count = len(versions)
+            wait_until(lambda: len(versions) >= count + 10, what="requests on version 2")
+            stop.set()
+            for thread in threads:
+                thread.join()
+    finally:
+        stop.set()
+        server.stop()
+    assert set(statuses) == {200}
+    assert versions[0] == 1 and versions[-1] == 2
+    assert set(versions) == {1, 2}
