@@ -7,17 +7,20 @@ the current one, older ones are removed once a new one is in place.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .buckets import AxisPolicy, AxisSafety
 from .errors import BadRequestError
+
+log = logging.getLogger("jitserve")
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MODEL_FILE = "model.onnx"
@@ -41,10 +44,10 @@ class ModelConfig(BaseModel):
         description="policy of symbolic axes not named in `axes`",
     )
     overflow: Literal["error", "exact"] = Field("exact", description="beyond the largest bucket: 400 or exact")
-    probe_sizes: dict[str, int] = Field(
+    probe_sizes: dict[str, Annotated[int, Field(ge=1)]] = Field(
         default_factory=dict, description="sizes of symbolic axes for the padding-safety check"
     )
-    warm_buckets: list[dict[str, list[int]]] = Field(
+    warm_buckets: list[dict[str, list[Annotated[int, Field(ge=0)]]]] = Field(
         default_factory=list, description="request shapes compiled right after upload"
     )
     pad_values: dict[str, float] = Field(default_factory=dict, description="pad value per input (default 0)")
@@ -109,8 +112,12 @@ class ModelStore:
             if not versions:
                 continue
             directory = self._dir(entry.name, versions[-1])
-            record = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
-            loaded.append((record, (directory / MODEL_FILE).read_bytes()))
+            try:
+                record = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
+                loaded.append((record, (directory / MODEL_FILE).read_bytes()))
+            except (OSError, ValueError) as exc:
+                # One damaged model must not keep the others from being served.
+                log.error("skipping stored model %s: %s", directory, exc)
         return loaded
 
     def save(self, record: ModelRecord, data: bytes) -> None:

@@ -147,6 +147,12 @@ class ModelService:
             self._enqueue_warm(served)
 
     def close(self) -> None:
+        # Drop queued compiles so the stop markers fit; running ones end with the process.
+        while True:
+            try:
+                self._compile_queue.get_nowait()
+            except queue.Empty:
+                break
         for _ in self._workers:
             self._compile_queue.put(None)
         for worker in self._workers:
@@ -228,6 +234,9 @@ class ModelService:
         for axis in parsed.axes:
             if axis not in axes:
                 raise BadRequestError(f"config names axis {axis!r}; the model's symbolic axes are {sorted(axes)}")
+        for axis in parsed.probe_sizes:
+            if axis not in axes:
+                raise BadRequestError(f"config probe_sizes names axis {axis!r}; the model's axes are {sorted(axes)}")
         for name in parsed.pad_values:
             if name not in model.signature.input_names:
                 raise BadRequestError(f"config pad_values names unknown input {name!r}")
@@ -513,6 +522,12 @@ def parse_inputs(signature, inputs: Any) -> dict[str, np.ndarray]:
         want = np.dtype(spec.dtype)
         if want.kind in "iub" and array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0):
             raise BadRequestError(f"input {spec.name!r} has dtype {spec.dtype}: got non-integer values")
+        if want.kind in "iu" and array.size:
+            low, high = np.iinfo(want).min, np.iinfo(want).max
+            if array.min() < low or array.max() >= high + 1:  # + 1: high rounds up as a float
+                raise BadRequestError(f"input {spec.name!r} has dtype {spec.dtype}: values outside [{low}, {high}]")
+        if want.kind == "f" and array.size and np.isfinite(array).all() and not np.isfinite(array.astype(want)).all():
+            raise BadRequestError(f"input {spec.name!r} has dtype {spec.dtype}: values overflow it")
         if want.kind == "b" and array.size and not np.all((array == 0) | (array == 1)):
             raise BadRequestError(f"input {spec.name!r} has dtype bool: values must be 0/1 or true/false")
         arrays[spec.name] = np.ascontiguousarray(array.astype(want))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,22 +27,22 @@ class Settings(BaseSettings):
     max_predict_bytes: int = 16 * 1024 * 1024
     """Largest accepted prediction request body, in bytes."""
 
-    compile_workers: int = 1
+    compile_workers: int = Field(1, ge=0)
     """Compiles running at once, each in its own child process; 0 serves everything through ONNX Runtime."""
 
-    compile_queue_size: int = 32
+    compile_queue_size: int = Field(32, ge=1)
     """Compiles that may wait; past it uploads with warm buckets answer 503."""
 
-    inference_threads: int = 2
+    inference_threads: int = Field(2, ge=1)
     """Threads running inference (ONNX Runtime or TVM) off the event loop."""
 
-    inference_queue_size: int = 64
+    inference_queue_size: int = Field(64, ge=0)
     """Predictions that may wait for an inference thread; past it requests answer 503."""
 
     ort_threads: int = 0
     """Intra-op threads of each ONNX Runtime session (0: ONNX Runtime's default)."""
 
-    kernel_cache_entries: int = 64
+    kernel_cache_entries: int = Field(64, ge=1)
     """Most kernels held loaded in memory (LRU); evicted ones reload from the store."""
 
     kernel_cache_bytes: int = 1024 * 1024 * 1024

@@ -52,7 +52,10 @@ def run_in_child(function: Callable[[Any], Any], argument: Any, *, timeout: floa
     (or CompileError) when it raised.
     """
     receiver, sender = _CONTEXT.Pipe(duplex=False)
-    process = _CONTEXT.Process(target=_child_main, args=(function, argument, sender), name=f"jitserve-{what}")
+    # daemon: a compile never outlives the process that asked for it.
+    process = _CONTEXT.Process(
+        target=_child_main, args=(function, argument, sender), name=f"jitserve-{what}", daemon=True
+    )
     process.start()
     sender.close()
     try:

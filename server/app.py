@@ -63,7 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The one place errors become HTTP: always {"error": "..."}.
     @app.exception_handler(JitServeError)
     async def jitserve_error(_: Request, exc: JitServeError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+        return JSONResponse({"error": str(exc)}, status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

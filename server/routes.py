@@ -25,8 +25,9 @@ def require_admin(request: Request) -> None:
     token = request.app.state.settings.admin_token
     if not token:
         return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    # The scheme is case-insensitive (RFC 9110, 11.1); the token is compared in constant time.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
         raise UnauthorizedError("this call needs 'Authorization: Bearer <admin token>'")
 
 
