@@ -24,6 +24,20 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def _add_bucket_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        type=_parse_shape,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="the bucket's input shapes; repeating a NAME starts the next bucket",
+    )
+    parser.add_argument("--target", default=None, help="llvm, cuda or a JSON target dict")
+    parser.add_argument("--store", default=None, help="artifact store directory")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m compiler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -31,34 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="print the signature and symbolic axes as JSON")
     inspect.add_argument("model")
 
-    compile_ = commands.add_parser("compile", help="compile and verify one bucket, or reuse the stored kernel")
-    compile_.add_argument("model")
-    compile_.add_argument(
-        "--shape",
-        action="append",
-        type=_parse_shape,
-        default=[],
-        metavar="NAME=D0,D1,...",
-        help="the bucket; repeat NAME for several buckets",
-    )
-    compile_.add_argument("--target", default=None, help="llvm, cuda or a JSON target dict")
-    compile_.add_argument("--store", default=None, help="artifact store directory")
+    compile_ = commands.add_parser("compile", help="compile and verify buckets, or reuse the stored kernels")
+    _add_bucket_arguments(compile_)
     compile_.add_argument("--rtol", type=float, default=None)
     compile_.add_argument("--atol", type=float, default=None)
     compile_.add_argument("--timeout", type=float, default=None, help="compile time limit, seconds")
 
     bench = commands.add_parser("bench", help="compile each bucket and time it against ONNX Runtime")
-    bench.add_argument("model")
-    bench.add_argument(
-        "--shape",
-        action="append",
-        type=_parse_shape,
-        default=[],
-        metavar="NAME=D0,D1,...",
-        help="one bucket; repeat NAME for several buckets of the same input",
-    )
-    bench.add_argument("--target", default=None, help="llvm, cuda or a JSON target dict")
-    bench.add_argument("--store", default=None, help="artifact store directory")
+    _add_bucket_arguments(bench)
     bench.add_argument("--runs", type=int, default=20, help="timed runs per engine (median reported)")
     return parser
 
