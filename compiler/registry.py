@@ -56,6 +56,10 @@ class ModelConfig(BaseModel):
     atol: float | None = Field(None, gt=0, description="verification atol; default from settings")
 
 
+    def policy_for(self, axis: str) -> AxisPolicy:
+        return self.axes.get(axis, self.default_axis_policy)
+
+
 class BucketRecord(BaseModel):
     """A bucket compiled for some version: tells a recompile from a first compile."""
 

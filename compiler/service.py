@@ -186,12 +186,13 @@ class ModelService:
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
             raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
 
-    def _build_served(self, record: ModelRecord, model: LoadedModel) -> ServedModel:
+    def _build_served(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine | None = None) -> ServedModel:
         target = self._target(record.config)
         config = record.config
-        policies = {axis: config.axes.get(axis, config.default_axis_policy) for axis in model.signature.axes()}
+        policies = {axis: config.policy_for(axis) for axis in model.signature.axes()}
         planner = BucketPlanner(model.signature, policies, record.safety, config.overflow)
-        served = ServedModel(record, model, planner, self._ort(model, target), target, self._options(config))
+        ort = ort or self._ort(model, target)
+        served = ServedModel(record, model, planner, ort, target, self._options(config))
         for shapes in config.warm_buckets:
             plan = planner.plan({k: tuple(v) for k, v in shapes.items()})
             served.state_for(plan.bucket).warm = True
@@ -200,9 +201,10 @@ class ModelService:
     def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
         signature = model.signature
         sizes = _probe_sizes(signature, config)
+        options = self._options(config)
         results = {}
         for axis in signature.axes():
-            policy = config.axes.get(axis, config.default_axis_policy)
+            policy = config.policy_for(axis)
             if policy.kind == "exact":
                 results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
                 continue
@@ -217,9 +219,9 @@ class ModelService:
                 sizes,
                 padded,
                 pad_values=config.pad_values,
-                rtol=config.rtol or self.settings.verify_rtol,
-                atol=config.atol or self.settings.verify_atol,
-                seed=self.settings.verify_seed,
+                rtol=options.rtol,
+                atol=options.atol,
+                seed=options.seed,
             )
         return results
 
@@ -263,7 +265,7 @@ class ModelService:
                 buckets=dict(previous.record.buckets) if previous else {},
             )
             try:
-                served = self._build_served(record, model)
+                served = self._build_served(record, model, ort)
             except BadRequestError as exc:
                 raise BadRequestError(f"config warm_buckets: {exc}") from None
             warm = [s for s in served.buckets.values() if s.warm]
