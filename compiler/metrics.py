@@ -27,8 +27,8 @@ class Metrics:
         r = self.registry
         self.compiles = Counter(
             "jitserve_compiles_total",
-            "Kernel compiles by outcome (ok, verify_failed, error).",
-            ["model", "target", "outcome"],
+            "Kernel compiles by tier (tvm, tvm-tuned) and outcome (ok, verify_failed, error).",
+            ["model", "target", "tier", "outcome"],
             registry=r,
         )
         self.recompiles = Counter(
@@ -67,6 +67,12 @@ class Metrics:
         )
         self.cache_entries = Gauge("jitserve_kernel_cache_entries", "Kernels held in the in-memory cache.", registry=r)
         self.queue_depth = Gauge("jitserve_compile_queue_depth", "Compiles queued or running.", registry=r)
+        self.routing = Counter(
+            "jitserve_routing_decisions_total",
+            "Buckets routed to an engine after timing every verified engine.",
+            ["model", "engine"],
+            registry=r,
+        )
         self.requests = Counter(
             "jitserve_requests_total",
             "Prediction requests by model, serving engine and HTTP status.",
@@ -88,13 +94,16 @@ class Metrics:
             registry=r,
         )
 
-    def record_compile(self, *, model: str, target: str, outcome: str, seconds: float | None) -> None:
-        self.compiles.labels(model, target, outcome).inc()
+    def record_compile(self, *, model: str, target: str, tier: str, outcome: str, seconds: float | None) -> None:
+        self.compiles.labels(model, target, tier, outcome).inc()
         if seconds is not None:
             self.compile_duration.labels(model, target).observe(seconds)
 
     def record_recompile(self, *, model: str, reason: str) -> None:
         self.recompiles.labels(model, reason).inc()
+
+    def record_routing(self, *, model: str, engine: str) -> None:
+        self.routing.labels(model, engine).inc()
 
     def record_cache_lookup(self, *, model: str, hit: bool) -> None:
         (self.cache_hits if hit else self.cache_misses).labels(model).inc()

@@ -55,7 +55,6 @@ class ModelConfig(BaseModel):
     rtol: float | None = Field(None, gt=0, description="verification rtol; default from settings")
     atol: float | None = Field(None, gt=0, description="verification atol; default from settings")
 
-
     def policy_for(self, axis: str) -> AxisPolicy:
         return self.axes.get(axis, self.default_axis_policy)
 
@@ -65,6 +64,8 @@ class BucketRecord(BaseModel):
 
     key: str
     model_version: int
+    latency_ms: dict[str, float] = Field(default_factory=dict)
+    route: str | None = None
 
 
 class ModelRecord(BaseModel):

@@ -19,6 +19,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import ValidationError
 
+from .arrays import random_inputs
+from .bench import median_latencies_ms
 from .buckets import AxisSafety, Bucket, BucketPlanner, bucket_label
 from .build import CompileOptions, bucket_key, compile_bucket
 from .engines import Engine, OrtEngine, TvmEngine
@@ -55,6 +57,8 @@ class BucketState:
     reason: str | None = None
     compile_seconds: float | None = None
     hits: int = 0
+    route: str | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> dict:
         return {
@@ -62,7 +66,8 @@ class BucketState:
             "shapes": {k: list(v) for k, v in self.bucket.items()},
             "state": self.state,
             "reason": self.reason,
-            "engine": "tvm" if self.state == "ready" else "onnxruntime",
+            "engine": self.route if self.state == "ready" and self.route else "onnxruntime",
+            "latency_ms": self.latency_ms,
             "compile_seconds": self.compile_seconds,
             "hits": self.hits,
             "warm": self.warm,
@@ -86,6 +91,10 @@ class ServedModel:
     @property
     def name(self) -> str:
         return self.record.name
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        return {spec.name: spec.dtype for spec in self.model.signature.inputs}
 
     def state_for(self, bucket: Bucket) -> BucketState:
         label = bucket_label(bucket)
@@ -390,13 +399,14 @@ class ModelService:
         return "target_or_compiler_changed"
 
     def _compile(self, served: ServedModel, state: BucketState) -> None:
+        """Make the bucket's kernel available: compile (or find it stored), load, measure, route."""
         name, kind = served.name, target_kind(served.target)
         state.state = "compiling"
         reason = self._recompile_reason(served, state) if self.artifacts.get(state.key) is None else None
         try:
             outcome = compile_bucket(served.model, state.bucket, served.target, self.artifacts, served.options)
         except JitServeError as exc:
-            self.metrics.record_compile(model=name, target=kind, outcome="error", seconds=None)
+            self.metrics.record_compile(model=name, target=kind, tier="tvm", outcome="error", seconds=None)
             state.state, state.reason = "failed", str(exc)
             log.warning("compile of %s %s failed: %s", name, state.label, exc)
             return
@@ -404,24 +414,41 @@ class ModelService:
         state.compile_seconds = manifest.compile_seconds
         if not outcome.cached:
             verdict = "ok" if manifest.verified else "verify_failed"
-            self.metrics.record_compile(model=name, target=kind, outcome=verdict, seconds=manifest.compile_seconds)
+            self.metrics.record_compile(
+                model=name, target=kind, tier="tvm", outcome=verdict, seconds=manifest.compile_seconds
+            )
             if reason:
                 self.metrics.record_recompile(model=name, reason=reason)
             log.info("compiled %s %s in %.1fs (%s)", name, state.label, manifest.compile_seconds, verdict)
-        if not served.retired:
-            served.record.buckets[state.label] = BucketRecord(key=state.key, model_version=served.record.version)
-            self.models_store.update_record(served.record)
-        self._load_kernel(served, state)
-
-    def _load_kernel(self, served: ServedModel, state: BucketState) -> Engine | None:
-        """Load a stored, verified kernel into the cache (a reload, never a compile)."""
-        manifest = self.artifacts.get(state.key)
-        if manifest is None:
-            return None
         if manifest.verified is not True:
             state.state = "failed"
             state.reason = f"verification against onnxruntime: {manifest.verification}"
-            return None
+            return
+        if outcome.cached:
+            self.metrics.record_reload(model=name)
+        kernel = self._load_kernel(served, state)
+        if not (outcome.cached and self._restore_route(served, state)):
+            self._route(served, state, kernel)
+
+    def _route(self, served: ServedModel, state: BucketState, kernel: Engine) -> None:
+        """Time every verified engine on the bucket and serve it with the fastest."""
+        inputs = random_inputs(state.bucket, served.dtypes, self.settings.verify_seed + 1)
+        latency = median_latencies_ms(
+            {"onnxruntime": served.ort, "tvm": kernel}, inputs, warmup=2, runs=self.settings.routing_runs
+        )
+        route = "tvm" if self.settings.routing == "compiled" else min(latency, key=latency.get)
+        state.latency_ms = {k: round(v, 4) for k, v in latency.items()}
+        state.route, state.state, state.reason = route, "ready", None
+        self.metrics.record_routing(model=served.name, engine=route)
+        log.info("routed %s %s to %s (%s)", served.name, state.label, route, state.latency_ms)
+        if not served.retired:
+            served.record.buckets[state.label] = BucketRecord(
+                key=state.key, model_version=served.record.version, latency_ms=state.latency_ms, route=route
+            )
+            self.models_store.update_record(served.record)
+
+    def _load_kernel(self, served: ServedModel, state: BucketState) -> Engine:
+        """Load a stored kernel into the cache: a reload, never a compile."""
         signature = served.model.signature
         engine = TvmEngine(
             self.artifacts.library_path(state.key),
@@ -429,25 +456,36 @@ class ModelService:
             signature.output_names,
             device=target_kind(served.target),
         )
-        self.kernels.put(state.key, engine, manifest.library_bytes)
+        manifest = self.artifacts.get(state.key)
+        self.kernels.put(state.key, engine, manifest.library_bytes if manifest else 0)
         self.metrics.set_cache_entries(entries=len(self.kernels))
-        state.state, state.reason, state.compile_seconds = "ready", None, manifest.compile_seconds
         return engine
 
+    def _restore_route(self, served: ServedModel, state: BucketState) -> bool:
+        """A bucket routed by an earlier process keeps its measured route (no compile, no re-measure)."""
+        known = served.record.buckets.get(state.label)
+        if known is None or known.key != state.key or known.route is None:
+            return False
+        manifest = self.artifacts.get(state.key)
+        if manifest is None or manifest.verified is not True:
+            return False
+        state.route, state.latency_ms = known.route, dict(known.latency_ms)
+        state.compile_seconds, state.state = manifest.compile_seconds, "ready"
+        return True
+
     def _kernel_for(self, served: ServedModel, state: BucketState) -> Engine | None:
+        """The kernel that serves this bucket, or None for ONNX Runtime."""
+        if state.state == "new" and not self._restore_route(served, state):
+            self._enqueue(served, state)
+            return None
+        if state.state != "ready" or state.route != "tvm":
+            return None
         engine = self.kernels.get(state.key)
         self.metrics.record_cache_lookup(model=served.name, hit=engine is not None)
-        if engine is not None:
-            return engine
-        if state.state in ("queued", "compiling", "failed"):
-            return None
-        engine = self._load_kernel(served, state)  # evicted, or compiled by an earlier process
-        if engine is not None:
+        if engine is None:  # evicted, or routed by an earlier process
+            engine = self._load_kernel(served, state)
             self.metrics.record_reload(model=served.name)
-            return engine
-        if state.state == "new":
-            self._enqueue(served, state)
-        return None
+        return engine
 
     # -- inference -------------------------------------------------------
 

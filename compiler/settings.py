@@ -4,6 +4,7 @@ variables, every field documented."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +48,13 @@ class Settings(BaseSettings):
 
     kernel_cache_bytes: int = 1024 * 1024 * 1024
     """Most bytes of kernel libraries held loaded in memory (LRU)."""
+
+    routing: Literal["measured", "compiled"] = "measured"
+    """``measured``: each bucket is served by its fastest verified engine, timed on the bucket;
+    ``compiled``: by its verified TVM kernel whenever there is one."""
+
+    routing_runs: int = Field(10, ge=1)
+    """Timed runs per engine when a bucket is routed (the median decides)."""
 
     data_dir: Path = Path("data")
     """Root of the model store and the artifact store; survives restarts."""

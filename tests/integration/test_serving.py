@@ -62,7 +62,9 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
     batches = {n: rng.standard_normal((n, 3, 48, 192)).astype(np.float32) for n in (1, 3, 5)}
     expected_bucket = {1: "x=1x3x48x192", 3: "x=4x3x48x192", 5: "x=8x3x48x192"}
 
-    server = ServerProcess(tmp_path / "data").start()
+    # routing=compiled: serve by the verified kernel whenever there is one, to exercise that path
+    # (measured routing would pick ONNX Runtime here: untuned TVM is slower on this model).
+    server = ServerProcess(tmp_path / "data", routing="compiled").start()
     try:
         with server.client() as client:
             created = upload(client, "cls", data, CLS_CONFIG)
@@ -112,7 +114,8 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
                 assert answer["bucket"] == expected_bucket[n]
             text = metrics(client)
             assert metric_value(text, "jitserve_compiles_total") == 0
-            assert metric_value(text, "jitserve_kernel_reloads_total", model="cls") == 2  # buckets 4 and 8
+            # Every bucket comes back from the store: the warm one at start, 4 and 8 on first use.
+            assert metric_value(text, "jitserve_kernel_reloads_total", model="cls") == 3
             described = client.get("/models/cls").json()
             assert described["version"] == 1
             assert {b["bucket"]: b["state"] for b in described["buckets"]} == {
@@ -132,7 +135,7 @@ def _variant(data: bytes, text: str) -> bytes:
 def test_eviction_replace_and_missing_artifact_recompile(tmp_path):
     config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "probe_sizes": {"batch": 3}}
     data = synthetic.two_input_model()
-    server = ServerProcess(tmp_path / "data", kernel_cache_entries=1).start()
+    server = ServerProcess(tmp_path / "data", kernel_cache_entries=1, routing="compiled").start()
 
     def ask(client, n: int) -> dict:
         x = np.ones((n, 8), dtype=np.float32)
@@ -227,3 +230,36 @@ def test_replace_under_concurrent_requests_drops_none(tmp_path):
     assert set(statuses) == {200}
     assert versions[0] == 1 and versions[-1] == 2
     assert set(versions) == {1, 2}
+
+
+@pytest.mark.slow
+def test_measured_routing_serves_each_bucket_with_its_fastest_engine(tmp_path):
+    data = rapidocr_model(CLS).read_bytes()
+    x = np.random.default_rng(3).standard_normal((1, 3, 48, 192)).astype(np.float32)
+    server = ServerProcess(tmp_path / "data").start()  # routing=measured is the default
+    try:
+        with server.client() as client:
+            assert upload(client, "cls", data, CLS_CONFIG).status_code == 201
+            wait_until(lambda: client.get("/readyz").status_code == 200, what="warm bucket")
+            bucket = client.get("/models/cls").json()["buckets"][0]
+            assert bucket["state"] == "ready"
+            latency = bucket["latency_ms"]
+            assert set(latency) == {"onnxruntime", "tvm"} and all(v > 0 for v in latency.values())
+            fastest = min(latency, key=latency.get)
+            assert bucket["engine"] == fastest
+            assert predict(client, "cls", x)["engine"] == fastest
+            text = metrics(client)
+            assert metric_value(text, "jitserve_routing_decisions_total", model="cls", engine=fastest) == 1
+
+        # The measured route survives a restart without measuring again.
+        server.restart()
+        with server.client() as client:
+            wait_until(lambda: client.get("/readyz").status_code == 200, what="warm bucket after restart")
+            bucket = client.get("/models/cls").json()["buckets"][0]
+            assert bucket["latency_ms"] == latency and bucket["engine"] == fastest
+            assert predict(client, "cls", x)["engine"] == fastest
+            text = metrics(client)
+            assert metric_value(text, "jitserve_routing_decisions_total") == 0
+            assert metric_value(text, "jitserve_compiles_total") == 0
+    finally:
+        server.stop()
