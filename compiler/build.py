@@ -27,7 +27,7 @@ class CompileOptions(BaseModel):
     simplify: bool = Field(True, description="fold shape subgraphs with onnxsim before import")
 
     def key_options(self) -> dict:
-        return {"simplify": self.simplify, "pipeline": "default"}
+        return {"simplify": self.simplify, "pipeline": "fuse+default-schedules"}
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from .target import canonical_target
 
-# Bump when jitserve's own build steps change the code they generate.
-COMPILER_VERSION = "1"
+# Bump when jitserve's own build steps (pipeline.py, cpu_schedules.py) change the code they generate.
+COMPILER_VERSION = "2"
 LIBRARY_NAME = "kernel.so"
 MANIFEST_NAME = "manifest.json"
 

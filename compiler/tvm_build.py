@@ -12,13 +12,13 @@ import time
 import onnx
 import onnxsim
 import tvm
-from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from .arrays import compare_outputs, random_inputs
 from .build import BuildJob
 from .engines import OrtEngine, TvmEngine
 from .errors import CompileError, UnsupportedOperatorError
+from .pipeline import build_pipeline
 
 
 def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
@@ -68,10 +68,10 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dty
         raise CompileError(f"TVM import failed: {type(exc).__name__}: {_last_line(exc)}") from None
 
 
-def compile_relax(mod, target_dict: dict):
+def compile_relax(mod, target_dict: dict, database=None):
     target = tvm.target.Target(target_dict)
     try:
-        return tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
+        return tvm.compile(mod, target, relax_pipeline=build_pipeline(target, database))
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
 
