@@ -43,25 +43,61 @@ def bench_bucket(
     options: CompileOptions,
     *,
     runs: int = 20,
+    tune_trials: int = 0,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict:
-    outcome = compile_bucket(model, bucket, target, store, options)
-    manifest = outcome.manifest
-    log(f"{bucket_label(bucket)}: compiled in {manifest.compile_seconds:.1f}s (cached={outcome.cached})")
+    """Compile (and optionally tune) one bucket; time every engine in this process."""
     signature = model.signature
-    engines: dict[str, Engine] = {
-        "ort": OrtEngine(model.data, cuda=target["kind"] == "cuda"),
-        "tvm": TvmEngine(outcome.library_path, signature.input_names, signature.output_names, device=target["kind"]),
-    }
+    kind = target["kind"]
+    engines: dict[str, Engine] = {"ort": OrtEngine(model.data, cuda=kind == "cuda")}
+    tiers = {"tvm": options}
+    if tune_trials:
+        tiers["tvm_tuned"] = options.model_copy(
+            update={"tune_trials": tune_trials, "database_dir": str(store.root / "tuning")}
+        )
+    facts: dict = {"bucket": bucket_label(bucket), "target": kind}
+    for tier, tier_options in tiers.items():
+        outcome = compile_bucket(model, bucket, target, store, tier_options)
+        manifest = outcome.manifest
+        log(f"{bucket_label(bucket)} {tier}: built in {manifest.compile_seconds:.1f}s (cached={outcome.cached})")
+        engines[tier] = TvmEngine(outcome.library_path, signature.input_names, signature.output_names, device=kind)
+        if tier == "tvm":
+            facts |= {"compile_seconds": round(manifest.compile_seconds, 2), "cached": outcome.cached}
+        else:
+            tuning = manifest.tuning or {}
+            facts |= {"tune_seconds": round(tuning.get("tune_seconds", 0.0), 1), "tune_trials": tuning.get("trials")}
+        facts[f"{tier}_verified"] = manifest.verified
     inputs = random_inputs(bucket, {s.name: s.dtype for s in signature.inputs}, options.seed + 1)
     latency = median_latencies_ms(engines, inputs, runs=runs)
+    ort_ms = latency.pop("ort")
     return {
-        "bucket": bucket_label(bucket),
-        "target": target["kind"],
-        "ort_ms": round(latency["ort"], 3),
-        "tvm_ms": round(latency["tvm"], 3),
-        "ratio_vs_ort": {"tvm": round(latency["tvm"] / latency["ort"], 2)},
-        "compile_seconds": round(manifest.compile_seconds, 2),
-        "cached": outcome.cached,
-        "verified": manifest.verified,
+        **facts,
+        "ort_ms": round(ort_ms, 3),
+        **{f"{tier}_ms": round(ms, 3) for tier, ms in latency.items()},
+        "ratio_vs_ort": {tier: round(ms / ort_ms, 2) for tier, ms in latency.items()},
     }
+
+
+def plot_ratios(results: list[dict], path: str, *, title: str = "") -> None:
+    """Bar chart of each engine's latency / ONNX Runtime's, per bucket (1.0 = parity)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tiers = sorted({tier for r in results for tier in r["ratio_vs_ort"]})
+    figure, axes = plt.subplots(figsize=(max(4, 1.6 * len(results) * len(tiers)), 3.5))
+    width = 0.8 / max(1, len(tiers))
+    for i, tier in enumerate(tiers):
+        xs = [j + i * width for j in range(len(results))]
+        axes.bar(xs, [r["ratio_vs_ort"].get(tier, 0) for r in results], width, label=tier)
+    axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    axes.set_xticks([j + width * (len(tiers) - 1) / 2 for j in range(len(results))])
+    axes.set_xticklabels([r["bucket"] for r in results], fontsize=8)
+    axes.set_ylabel("latency / ONNX Runtime")
+    axes.set_yscale("log")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

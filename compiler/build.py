@@ -25,9 +25,21 @@ class CompileOptions(BaseModel):
     seed: int = Field(0, description="seed of the random verification inputs")
     timeout_seconds: float = Field(900.0, description="limit of one compile child process")
     simplify: bool = Field(True, description="fold shape subgraphs with onnxsim before import")
+    tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
+    tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
+    database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
+
+    @property
+    def tier(self) -> str:
+        return "tvm-tuned" if self.tune_trials else "tvm"
 
     def key_options(self) -> dict:
-        return {"simplify": self.simplify, "pipeline": "fuse+default-schedules"}
+        # The database is not in the key: a kernel compiled with whatever records existed is
+        # still verified, and keys must stay stable for a restart to find its kernels.
+        key = {"simplify": self.simplify, "pipeline": "fuse+tuning-records+default-schedules"}
+        if self.tune_trials:
+            key["tune"] = [self.tune_trials, self.tune_trials_per_task]
+        return key
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,9 @@ class BuildJob:
     atol: float
     seed: int
     simplify: bool
+    tune_trials: int = 0
+    tune_trials_per_task: int = 64
+    database_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,9 @@ def compile_bucket(
             atol=options.atol,
             seed=options.seed,
             simplify=options.simplify,
+            tune_trials=options.tune_trials,
+            tune_trials_per_task=options.tune_trials_per_task,
+            database_dir=options.database_dir,
         )
         facts = run_in_child(builder, job, timeout=options.timeout_seconds)
         manifest = Manifest(

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from .errors import JitServeError
 
@@ -54,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="compile each bucket and time it against ONNX Runtime")
     _add_bucket_arguments(bench)
     bench.add_argument("--runs", type=int, default=20, help="timed runs per engine (median reported)")
+    bench.add_argument("--tune-trials", type=int, default=0, help="also tune each bucket with N MetaSchedule trials")
+    bench.add_argument("--plot", default=None, metavar="FILE.png", help="draw the ratios against ONNX Runtime")
     return parser
 
 
@@ -147,7 +150,16 @@ def _bench(args, settings) -> list[dict]:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    return [bench_bucket(model, b, target, store, options, runs=args.runs, log=log) for b in buckets]
+    results = [
+        bench_bucket(model, b, target, store, options, runs=args.runs, tune_trials=args.tune_trials, log=log)
+        for b in buckets
+    ]
+    if args.plot:
+        from .bench import plot_ratios
+
+        plot_ratios(results, args.plot, title=Path(args.model).name)
+        log(f"plot written to {args.plot}")
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,18 +51,24 @@ def tuned_module_passes(target: tvm.target.Target) -> list:
 
 def build_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:
     backend = _backend(target)
-    stages = tuned_module_passes(target)
-    if database is not None:
-        stages.append(relax.transform.MetaScheduleApplyDatabase(enable_warning=False))
-    stages.append(default_schedule_pass(target))
-    stages += backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+
+    def stages() -> list:
+        # Built under the target: MetaScheduleApplyDatabase reads Target.current() when constructed.
+        tuned = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)] if database is not None else []
+        return (
+            tuned_module_passes(target)
+            + tuned
+            + [default_schedule_pass(target)]
+            + backend.dataflow_lower_passes(target)
+            + backend.finalize_passes(target)
+        )
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_pipeline")
     def _pipeline(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         with target:
             if database is None:
-                return tvm.transform.Sequential(stages)(mod)
+                return tvm.transform.Sequential(stages())(mod)
             with database:
-                return tvm.transform.Sequential(stages)(mod)
+                return tvm.transform.Sequential(stages())(mod)
 
     return _pipeline

@@ -47,6 +47,7 @@ class Manifest(BaseModel):
     atol: float
     library_bytes: int
     created_at: float
+    tuning: dict | None = None
 
 
 def artifact_key(model_digest: str, bucket: dict, target: dict, tvm: str, options: dict) -> str:

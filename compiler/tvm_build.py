@@ -19,6 +19,7 @@ from .build import BuildJob
 from .engines import OrtEngine, TvmEngine
 from .errors import CompileError, UnsupportedOperatorError
 from .pipeline import build_pipeline
+from .tuning import open_shared_database, tune
 
 
 def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
@@ -86,11 +87,19 @@ def build_and_verify(job: BuildJob) -> dict:
     model = onnx.load_from_string(job.model_bytes)
     specialized, simplified = specialize(model, job.bucket, job.simplify)
     mod = import_relax(specialized, job.bucket, job.dtypes)
-    executable = compile_relax(mod, job.target)
+    facts = {"simplified": simplified}
+    if job.tune_trials:
+        facts["tuning"] = tune(
+            mod,
+            job.target,
+            trials=job.tune_trials,
+            trials_per_task=job.tune_trials_per_task,
+            database_dir=job.database_dir,
+        )
+    executable = compile_relax(mod, job.target, open_shared_database(job.database_dir))
     executable.export_library(job.library_path)
-    compile_seconds = time.perf_counter() - started
+    facts["compile_seconds"] = time.perf_counter() - started
 
-    facts = {"compile_seconds": compile_seconds, "simplified": simplified}
     on_cuda = job.target["kind"] == "cuda"
     if on_cuda and not cuda_available():
         return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}

@@ -1,0 +1,141 @@
+"""MetaSchedule tuning of one bucket, and the shared tuning database.
+
+Runs in the compile child only (imports TVM). The shared database is a
+MetaSchedule JSON database in the data dir, shared by every bucket and every
+restart: a tuning run writes into its own database first and then merges
+into the shared one under a file lock, replacing each file in one rename, so
+a compile reading it never sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from .pipeline import tuned_module_passes
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+def build_without_tensor_intrinsics(mod, target, _params):
+    """MetaSchedule's default builder imports tvm.s_tir.tensor_intrin in every
+    fresh worker (15-30 s here) and times out; LLVM/CUDA kernels without tensor
+    intrinsics do not need it."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+@contextmanager
+def _locked(directory: Path, exclusive: bool):
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_shared_database(directory: str | None):
+    """The shared database loaded in memory, or None when there is none yet."""
+    if directory is None:
+        return None
+    path = Path(directory)
+    with _locked(path, exclusive=False):
+        if not (path / WORKLOADS).is_file() or not (path / RECORDS).is_file():
+            return None
+        on_disk = ms.database.JSONDatabase(
+            path_workload=str(path / WORKLOADS), path_tuning_record=str(path / RECORDS), allow_missing=False
+        )
+        # A memory copy: later merges by other processes cannot change it under us.
+        memory = ms.database.MemoryDatabase()
+        _copy_records(on_disk, memory)
+        return memory
+
+
+def _copy_records(source, destination) -> int:
+    count = 0
+    for record in source.get_all_tuning_records():
+        workload = destination.commit_workload(record.workload.mod)
+        destination.commit_tuning_record(
+            ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info)
+        )
+        count += 1
+    return count
+
+
+def merge_into_shared(directory: str, run_database) -> int:
+    path = Path(directory)
+    with _locked(path, exclusive=True):
+        staging = Path(tempfile.mkdtemp(prefix=".merge-", dir=path))
+        try:
+            merged = ms.database.JSONDatabase(work_dir=str(staging))
+            if (path / WORKLOADS).is_file() and (path / RECORDS).is_file():
+                _copy_records(
+                    ms.database.JSONDatabase(
+                        path_workload=str(path / WORKLOADS),
+                        path_tuning_record=str(path / RECORDS),
+                        allow_missing=False,
+                    ),
+                    merged,
+                )
+            added = _copy_records(run_database, merged)
+            # Workloads first: records only ever point at workloads already there.
+            os.replace(staging / WORKLOADS, path / WORKLOADS)
+            os.replace(staging / RECORDS, path / RECORDS)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return added
+
+
+def tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, database_dir: str) -> dict:
+    """Tune every task of the fused module; merge the records into the shared database."""
+    os.nice(10)  # below serving: tuning must not starve requests
+    work_dir = tempfile.mkdtemp(prefix="jitserve-tune-")
+    try:
+        return _tune(
+            mod,
+            target_dict,
+            trials=trials,
+            trials_per_task=trials_per_task,
+            work_dir=work_dir,
+            database_dir=database_dir,
+        )
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, work_dir: str, database_dir: str) -> dict:
+    started = time.perf_counter()
+    target = tvm.target.Target(target_dict)
+    with target:
+        fused = tvm.transform.Sequential(tuned_module_passes(target))(mod)
+    tasks = ms.relax_integration.extract_tasks(fused, target)
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir=work_dir)
+    run_database = ms.database.JSONDatabase(work_dir=work_dir)
+    ms.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=work_dir,
+        max_trials_global=trials,
+        max_trials_per_task=trials_per_task,
+        num_trials_per_iter=min(16, trials_per_task, trials),
+        builder=ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120),
+        runner=ms.runner.LocalRunner(),
+        database=run_database,
+    )
+    trials_run = len(run_database.get_all_tuning_records())
+    merge_into_shared(database_dir, run_database)
+    return {"tasks": len(tasks), "trials": trials_run, "tune_seconds": time.perf_counter() - started}
