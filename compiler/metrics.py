@@ -73,6 +73,15 @@ class Metrics:
             ["model", "engine"],
             registry=r,
         )
+        self.tuning_trials = Counter(
+            "jitserve_tuning_trials_total",
+            "MetaSchedule trials measured by background tuning.",
+            ["model"],
+            registry=r,
+        )
+        self.tuning_seconds = Counter(
+            "jitserve_tuning_seconds_total", "Wall seconds spent in background tuning.", ["model"], registry=r
+        )
         self.requests = Counter(
             "jitserve_requests_total",
             "Prediction requests by model, serving engine and HTTP status.",
@@ -104,6 +113,10 @@ class Metrics:
 
     def record_routing(self, *, model: str, engine: str) -> None:
         self.routing.labels(model, engine).inc()
+
+    def record_tuning(self, *, model: str, trials: int, seconds: float) -> None:
+        self.tuning_trials.labels(model).inc(trials)
+        self.tuning_seconds.labels(model).inc(seconds)
 
     def record_cache_lookup(self, *, model: str, hit: bool) -> None:
         (self.cache_hits if hit else self.cache_misses).labels(model).inc()

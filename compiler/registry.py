@@ -66,6 +66,8 @@ class BucketRecord(BaseModel):
     model_version: int
     latency_ms: dict[str, float] = Field(default_factory=dict)
     route: str | None = None
+    tuned_key: str | None = None
+    tuning: dict = Field(default_factory=dict)
 
 
 class ModelRecord(BaseModel):

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -40,6 +41,7 @@ from .registry import BucketRecord, ModelConfig, ModelRecord, ModelStore, check_
 from .settings import Settings
 from .store import ArtifactStore
 from .target import resolve_target, target_kind
+from .tuner import BackgroundTuner
 
 log = logging.getLogger("jitserve")
 
@@ -59,6 +61,11 @@ class BucketState:
     hits: int = 0
     route: str | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
+    tuned_key: str | None = None
+    tuning: dict = field(default_factory=dict)
+
+    def key_for(self, engine: str) -> str | None:
+        return {"tvm": self.key, "tvm-tuned": self.tuned_key}.get(engine)
 
     def describe(self) -> dict:
         return {
@@ -71,6 +78,7 @@ class BucketState:
             "compile_seconds": self.compile_seconds,
             "hits": self.hits,
             "warm": self.warm,
+            "tuning": self.tuning or None,
         }
 
 
@@ -138,6 +146,7 @@ class ModelService:
         self._workers: list[threading.Thread] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(settings.inference_threads, "jitserve-infer")
         self._pool_slots = threading.BoundedSemaphore(settings.inference_threads + settings.inference_queue_size)
+        self.tuner = BackgroundTuner(self)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -154,8 +163,11 @@ class ModelService:
                 continue
             self._models[record.name] = served
             self._enqueue_warm(served)
+        if self.jit_enabled and self.settings.tuning_enabled:
+            self.tuner.start()
 
     def close(self) -> None:
+        self.tuner.stop()
         # Drop queued compiles so the stop markers fit; running ones end with the process.
         while True:
             try:
@@ -169,8 +181,16 @@ class ModelService:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @property
+    def tuning_database_dir(self) -> Path:
+        """The MetaSchedule database shared by every bucket, applied at every compile."""
+        return self.artifacts.root / "tuning"
+
+    @property
     def model_names(self) -> list[str]:
         return sorted(self._models)
+
+    def served_models(self) -> list[ServedModel]:
+        return list(self._models.values())
 
     # -- registry --------------------------------------------------------
 
@@ -181,6 +201,7 @@ class ModelService:
             atol=config.atol or s.verify_atol,
             seed=s.verify_seed,
             timeout_seconds=s.compile_timeout_seconds,
+            database_dir=str(self.tuning_database_dir),
         )
 
     def _target(self, config: ModelConfig) -> dict:
@@ -426,38 +447,104 @@ class ModelService:
             return
         if outcome.cached:
             self.metrics.record_reload(model=name)
-        kernel = self._load_kernel(served, state)
+        kernel = self._load_kernel(served, state.key)
         if not (outcome.cached and self._restore_route(served, state)):
-            self._route(served, state, kernel)
+            self._route(served, state, {"tvm": kernel})
 
-    def _route(self, served: ServedModel, state: BucketState, kernel: Engine) -> None:
+    def tune(self, served: ServedModel, state: BucketState) -> float:
+        """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
+
+        Returns the seconds spent. Requests keep being served throughout: the
+        route changes in one assignment and in-flight requests finish on the
+        engine they started with.
+        """
+        name, kind, s = served.name, target_kind(served.target), self.settings
+        options = served.options.model_copy(
+            update={
+                "tune_trials": s.tune_trials_per_bucket,
+                "tune_trials_per_task": s.tune_trials_per_task,
+                "timeout_seconds": s.tuning_seconds_per_bucket,
+            }
+        )
+        state.tuning = {"state": "tuning", "trials": 0, "seconds": 0.0}
+        started = time.perf_counter()
+        try:
+            outcome = compile_bucket(served.model, state.bucket, served.target, self.artifacts, options)
+        except JitServeError as exc:
+            seconds = time.perf_counter() - started
+            self.metrics.record_compile(model=name, target=kind, tier="tvm-tuned", outcome="error", seconds=None)
+            self.metrics.record_tuning(model=name, trials=0, seconds=seconds)
+            state.tuning = {"state": "failed", "reason": str(exc), "seconds": round(seconds, 1)}
+            self._remember(served, state)
+            return seconds
+        manifest = outcome.manifest
+        facts = manifest.tuning or {}
+        seconds = time.perf_counter() - started
+        if not outcome.cached:
+            verdict = "ok" if manifest.verified else "verify_failed"
+            self.metrics.record_compile(
+                model=name, target=kind, tier="tvm-tuned", outcome=verdict, seconds=manifest.compile_seconds
+            )
+            self.metrics.record_tuning(model=name, trials=facts.get("trials", 0), seconds=seconds)
+        state.tuning = {
+            "state": "done" if manifest.verified else "failed",
+            "trials": facts.get("trials"),
+            "tasks": facts.get("tasks"),
+            "seconds": round(facts.get("tune_seconds", seconds), 1),
+        }
+        if manifest.verified is not True:
+            state.tuning["reason"] = f"verification against onnxruntime: {manifest.verification}"
+            self._remember(served, state)
+            return seconds
+        state.tuned_key = manifest.key
+        kernels = {
+            "tvm": self.kernels.get(state.key) or self._load_kernel(served, state.key),
+            "tvm-tuned": self._load_kernel(served, manifest.key),
+        }
+        self._route(served, state, kernels)
+        return seconds
+
+    def _route(self, served: ServedModel, state: BucketState, kernels: dict[str, Engine]) -> None:
         """Time every verified engine on the bucket and serve it with the fastest."""
         inputs = random_inputs(state.bucket, served.dtypes, self.settings.verify_seed + 1)
         latency = median_latencies_ms(
-            {"onnxruntime": served.ort, "tvm": kernel}, inputs, warmup=2, runs=self.settings.routing_runs
+            {"onnxruntime": served.ort, **kernels}, inputs, warmup=2, runs=self.settings.routing_runs
         )
-        route = "tvm" if self.settings.routing == "compiled" else min(latency, key=latency.get)
+        if self.settings.routing == "compiled":
+            route = "tvm-tuned" if "tvm-tuned" in kernels else "tvm"
+        else:
+            route = min(latency, key=latency.get)
         state.latency_ms = {k: round(v, 4) for k, v in latency.items()}
         state.route, state.state, state.reason = route, "ready", None
         self.metrics.record_routing(model=served.name, engine=route)
         log.info("routed %s %s to %s (%s)", served.name, state.label, route, state.latency_ms)
-        if not served.retired:
-            served.record.buckets[state.label] = BucketRecord(
-                key=state.key, model_version=served.record.version, latency_ms=state.latency_ms, route=route
-            )
-            self.models_store.update_record(served.record)
+        self._remember(served, state)
 
-    def _load_kernel(self, served: ServedModel, state: BucketState) -> Engine:
+    def _remember(self, served: ServedModel, state: BucketState) -> None:
+        """Persist what a restart needs: keys, measured latencies, the route, tuning."""
+        if served.retired:
+            return
+        served.record.buckets[state.label] = BucketRecord(
+            key=state.key,
+            model_version=served.record.version,
+            latency_ms=state.latency_ms,
+            route=state.route,
+            tuned_key=state.tuned_key,
+            tuning=state.tuning,
+        )
+        self.models_store.update_record(served.record)
+
+    def _load_kernel(self, served: ServedModel, key: str) -> Engine:
         """Load a stored kernel into the cache: a reload, never a compile."""
         signature = served.model.signature
         engine = TvmEngine(
-            self.artifacts.library_path(state.key),
+            self.artifacts.library_path(key),
             signature.input_names,
             signature.output_names,
             device=target_kind(served.target),
         )
-        manifest = self.artifacts.get(state.key)
-        self.kernels.put(state.key, engine, manifest.library_bytes if manifest else 0)
+        manifest = self.artifacts.get(key)
+        self.kernels.put(key, engine, manifest.library_bytes if manifest else 0)
         self.metrics.set_cache_entries(entries=len(self.kernels))
         return engine
 
@@ -466,11 +553,15 @@ class ModelService:
         known = served.record.buckets.get(state.label)
         if known is None or known.key != state.key or known.route is None:
             return False
-        manifest = self.artifacts.get(state.key)
-        if manifest is None or manifest.verified is not True:
+        state.tuned_key, state.tuning = known.tuned_key, dict(known.tuning)
+        routed_key = state.key_for(known.route)
+        manifest = self.artifacts.get(routed_key) if routed_key else None
+        if known.route != "onnxruntime" and (manifest is None or manifest.verified is not True):
             return False
+        compiled = self.artifacts.get(state.key)
         state.route, state.latency_ms = known.route, dict(known.latency_ms)
-        state.compile_seconds, state.state = manifest.compile_seconds, "ready"
+        state.compile_seconds = compiled.compile_seconds if compiled else None
+        state.state = "ready"
         return True
 
     def _kernel_for(self, served: ServedModel, state: BucketState) -> Engine | None:
@@ -478,12 +569,13 @@ class ModelService:
         if state.state == "new" and not self._restore_route(served, state):
             self._enqueue(served, state)
             return None
-        if state.state != "ready" or state.route != "tvm":
+        key = state.key_for(state.route) if state.state == "ready" else None
+        if key is None:
             return None
-        engine = self.kernels.get(state.key)
+        engine = self.kernels.get(key)
         self.metrics.record_cache_lookup(model=served.name, hit=engine is not None)
         if engine is None:  # evicted, or routed by an earlier process
-            engine = self._load_kernel(served, state)
+            engine = self._load_kernel(served, key)
             self.metrics.record_reload(model=served.name)
         return engine
 
@@ -515,7 +607,7 @@ class ModelService:
             state.hits += 1
             kernel = self._kernel_for(served, state)
             if kernel is not None:
-                engine_name = "tvm"
+                engine_name = state.route
                 padded = served.planner.pad(arrays, plan, served.record.config.pad_values)
                 outputs = served.planner.unpad(kernel.run(padded), plan)
                 self.metrics.record_padding(model=name, waste=plan.padding_waste())

@@ -56,6 +56,30 @@ class Settings(BaseSettings):
     routing_runs: int = Field(10, ge=1)
     """Timed runs per engine when a bucket is routed (the median decides)."""
 
+    tuning_enabled: bool = True
+    """Tune the busiest ready buckets with MetaSchedule in the background."""
+
+    tune_trials_per_bucket: int = Field(64, ge=1)
+    """MetaSchedule trials for one bucket (over all its tasks)."""
+
+    tune_trials_per_task: int = Field(16, ge=1)
+    """MetaSchedule trials for one task (fused kernel) at most."""
+
+    tuning_seconds_per_bucket: float = Field(600.0, gt=0)
+    """A bucket's tuning child is stopped past this (the bucket stays on its current engine)."""
+
+    tuning_total_seconds: float = Field(3600.0, ge=0)
+    """Tuning time budget of one server process, over all buckets."""
+
+    tune_min_hits: int = Field(50, ge=1)
+    """Requests a bucket must have served before it qualifies for tuning."""
+
+    tune_top_buckets: int = Field(2, ge=1)
+    """Per model, only this many of the busiest buckets qualify for tuning."""
+
+    tuning_interval_seconds: float = Field(30.0, gt=0)
+    """How often the background tuner looks for a bucket to tune."""
+
     data_dir: Path = Path("data")
     """Root of the model store and the artifact store; survives restarts."""
 

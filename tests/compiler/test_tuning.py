@@ -1,0 +1,83 @@
+"""MetaSchedule tuning of a tiny kernel, and the shared database across processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from compiler.build import CompileOptions, compile_bucket
+from compiler.demo import demo_model_bytes
+from compiler.model import load_model
+from compiler.store import ArtifactStore
+from compiler.target import resolve_target
+
+pytestmark = pytest.mark.slow
+
+# In a fresh process: load the shared database and check that its records
+# schedule the fused kernels of the same bucket (MetaScheduleApplyDatabase).
+APPLY_IN_FRESH_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    import onnx, tvm
+    from tvm import relax
+    from compiler.demo import demo_model_bytes
+    from compiler.pipeline import tuned_module_passes
+    from compiler.tuning import open_shared_database
+    from compiler.tvm_build import import_relax, specialize
+
+    database_dir, target = sys.argv[1], json.loads(sys.argv[2])
+    database = open_shared_database(database_dir)
+    bucket = {"x": (8, 4)}
+    model, _ = specialize(onnx.load_from_string(demo_model_bytes()), bucket, True)
+    mod = import_relax(model, bucket, {"x": "float32"})
+    target = tvm.target.Target(target)
+    with target, database:
+        mod = tvm.transform.Sequential(
+            tuned_module_passes(target) + [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)]
+        )(mod)
+    scheduled = [
+        gv.name_hint for gv, f in mod.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tirx.is_scheduled", 0) == 1
+    ]
+    print(json.dumps({"records": len(database.get_all_tuning_records()), "scheduled": scheduled}))
+    """
+)
+
+
+def test_tuning_round_trip_through_the_shared_database(tmp_path):
+    store = ArtifactStore(tmp_path / "kernels")
+    database_dir = tmp_path / "tuning"
+    model = load_model(demo_model_bytes(), max_bytes=1 << 20)
+    target = resolve_target("llvm")
+    tuned = CompileOptions(tune_trials=4, tune_trials_per_task=2, database_dir=str(database_dir))
+
+    outcome = compile_bucket(model, {"x": (8, 4)}, target, store, tuned)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    assert outcome.manifest.tuning["trials"] >= 1
+    assert outcome.manifest.tuning["tasks"] >= 2
+    plain = compile_bucket(model, {"x": (8, 4)}, target, store, CompileOptions(database_dir=str(database_dir)))
+    assert plain.manifest.key != outcome.manifest.key  # tuned kernels are their own tier
+
+    def fresh_process() -> dict:
+        run = subprocess.run(
+            [sys.executable, "-c", APPLY_IN_FRESH_PROCESS, str(database_dir), json.dumps(target)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    first = fresh_process()
+    assert first["records"] >= 1
+    assert first["scheduled"], "no fused kernel took a tuning record"
+
+    # Tuning another bucket merges into the same database and keeps the earlier records.
+    compile_bucket(model, {"x": (16, 4)}, target, store, tuned)
+    second = fresh_process()
+    assert second["records"] > first["records"]
+    assert set(first["scheduled"]) <= set(second["scheduled"])
+    assert not list(database_dir.glob(".merge-*"))
