@@ -46,13 +46,13 @@ class Metrics:
         )
         self.cache_hits = Counter(
             "jitserve_kernel_cache_hits_total",
-            "Requests whose bucket kernel was in the in-memory cache.",
+            "Kernel-routed requests whose kernel was in the in-memory cache.",
             ["model"],
             registry=r,
         )
         self.cache_misses = Counter(
             "jitserve_kernel_cache_misses_total",
-            "Requests whose bucket kernel was not in the in-memory cache.",
+            "Requests whose bucket had no kernel in memory: first seen (compile queued) or evicted (reloaded).",
             ["model"],
             registry=r,
         )
@@ -97,7 +97,7 @@ class Metrics:
         )
         self.padding_waste = Histogram(
             "jitserve_padding_waste_ratio",
-            "Padded elements / bucket elements per request.",
+            "Padded elements / bucket elements per kernel-served request (ONNX Runtime runs unpadded).",
             ["model"],
             buckets=RATIO_BUCKETS,
             registry=r,

@@ -567,6 +567,7 @@ class ModelService:
     def _kernel_for(self, served: ServedModel, state: BucketState) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""
         if state.state == "new" and not self._restore_route(served, state):
+            self.metrics.record_cache_lookup(model=served.name, hit=False)
             self._enqueue(served, state)
             return None
         key = state.key_for(state.route) if state.state == "ready" else None
