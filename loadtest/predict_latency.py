@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,34 +25,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compiler.engines import OrtEngine  # noqa: E402
+from common import config_with_warm_bucket, parse_shapes, start_server
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(data_dir: str, **settings) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = dict(os.environ, JITSERVE_DATA_DIR=data_dir, JITSERVE_PORT=str(port), JITSERVE_DEMO_MODEL="false")
-    env.update({f"JITSERVE_{k.upper()}": str(v) for k, v in settings.items()})
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("server did not start")
+from compiler.engines import OrtEngine
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -68,7 +43,7 @@ def measure(model_path: Path, inputs: dict[str, np.ndarray], config: dict, runs:
     body = json.dumps({"inputs": {k: v.tolist() for k, v in inputs.items()}}).encode()
     headers = {"content-type": "application/json"}
     with tempfile.TemporaryDirectory() as data_dir:
-        process, url = _start(data_dir, **settings)
+        process, url = start_server(data_dir, **settings)
         try:
             with httpx.Client(base_url=url, timeout=600) as client:
                 files = {"model": ("m.onnx", data), "config": ("c.json", json.dumps(config))}
@@ -115,14 +90,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=50)
     args = parser.parse_args()
 
-    shapes = {}
-    for item in args.shape:
-        name, _, dims = item.rpartition("=")
-        shapes[name] = tuple(int(d) for d in dims.split(","))
+    shapes = parse_shapes(args.shape)
     rng = np.random.default_rng(0)
     inputs = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
-    config = json.loads(args.config.read_text()) if args.config else {}
-    config.setdefault("warm_buckets", [{k: list(v) for k, v in shapes.items()}])
+    config = config_with_warm_bucket(args.config, shapes)
 
     for label, settings in (("ort-only", {"compile_workers": 0}), ("jit", {})):
         result = measure(args.model, inputs, config, args.runs, **settings)

@@ -33,8 +33,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from common import start_server  # noqa: E402
 from locustfile import MODEL, JitserveUser  # noqa: E402
-from predict_latency import _start  # noqa: E402
 from scenario import CONFIG, token_mlp_bytes  # noqa: E402
 
 
@@ -59,9 +59,13 @@ def _upload(url: str) -> None:
     body = b""
     for field, filename, content_type, data in parts:
         body += (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
-            f"Content-Type: {content_type}\r\n\r\n"
-        ).encode() + data + b"\r\n"
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+                f"Content-Type: {content_type}\r\n\r\n"
+            ).encode()
+            + data
+            + b"\r\n"
+        )
     body += f"--{boundary}--\r\n".encode()
     request = urllib.request.Request(
         f"{url}/models/{MODEL}",
@@ -81,7 +85,7 @@ def run(users: int, duration: float, out: Path) -> dict:
         samples.append((time.monotonic(), float(response_time), name, exception is not None))
 
     with tempfile.TemporaryDirectory() as data_dir:
-        process, url = _start(data_dir)
+        process, url = start_server(data_dir)
         try:
             _upload(url)
             compiles_before = _metric_total(url, "jitserve_compiles_total")

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from predict_latency import _start
+from common import config_with_warm_bucket, parse_shapes, start_server
 
 
 def _bucket(client: httpx.Client) -> dict:
@@ -37,7 +37,7 @@ def phase(model: Path, body: bytes, config: dict, *, tuning: bool, requests: int
         settings |= {"tune_min_hits": 10, "tuning_interval_seconds": 1, "tune_trials_per_bucket": trials}
     headers = {"content-type": "application/json"}
     with tempfile.TemporaryDirectory() as data_dir:
-        process, url = _start(data_dir, **settings)
+        process, url = start_server(data_dir, **settings)
         try:
             with httpx.Client(base_url=url, timeout=600) as client:
                 files = {"model": ("m.onnx", model.read_bytes()), "config": ("c.json", json.dumps(config))}
@@ -74,15 +74,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--trials", type=int, default=64)
     args = parser.parse_args()
-    shapes = {}
-    for item in args.shape:
-        name, _, dims = item.rpartition("=")
-        shapes[name] = tuple(int(d) for d in dims.split(","))
+    shapes = parse_shapes(args.shape)
     rng = np.random.default_rng(0)
     inputs = {name: rng.standard_normal(shape).astype(np.float32).tolist() for name, shape in shapes.items()}
     body = json.dumps({"inputs": inputs}).encode()
-    config = json.loads(args.config.read_text()) if args.config else {}
-    config.setdefault("warm_buckets", [{k: list(v) for k, v in shapes.items()}])
+    config = config_with_warm_bucket(args.config, shapes)
 
     results = [
         phase(args.model, body, config, tuning=tuning, requests=args.requests, trials=args.trials)

@@ -61,13 +61,7 @@ class ServerProcess:
         raise TimeoutError(f"server did not come up:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
     def restart(self) -> ServerProcess:
         self.stop()
@@ -79,6 +73,26 @@ class ServerProcess:
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120, **kwargs)
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL past ``timeout``."""
+    if process and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def variant(data: bytes, text: str) -> bytes:
+    """The same graph with a different doc string: new bytes, a new digest, a new model version."""
+    import onnx
+
+    model = onnx.load_from_string(data)
+    model.doc_string = text
+    return model.SerializeToString()
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

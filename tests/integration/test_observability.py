@@ -20,13 +20,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
-import onnx
 import pytest
 import yaml
 
 from compiler.demo import demo_model_bytes
 from compiler.metrics import Metrics
-from tests.integration.serverproc import REPO, ServerProcess, free_port, metric_value, wait_until
+from tests.integration.serverproc import REPO, ServerProcess, free_port, metric_value, stop_process, variant, wait_until
 from tests.integration.test_serving import upload, wait_ready
 
 PROMETHEUS_CONFIG = REPO / "configs" / "prometheus" / "prometheus.yml"
@@ -177,26 +176,13 @@ class PrometheusProcess:
         return float(result[0]["value"][1]) if result else None
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
     def log(self) -> str:
         return self.log_path.read_text()[-4000:] if self.log_path.exists() else ""
 
 
 # -- load ---------------------------------------------------------------------------
-
-
-def variant(data: bytes, text: str) -> bytes:
-    """The same graph with a different doc string: new bytes, a new model version."""
-    model = onnx.load_from_string(data)
-    model.doc_string = text
-    return model.SerializeToString()
 
 
 def ask(client, model: str, n: int, expect: int = 200) -> dict:

@@ -8,12 +8,11 @@ import shutil
 import threading
 
 import numpy as np
-import onnx
 import pytest
 
 from compiler.engines import OrtEngine
 from tests import synthetic
-from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.integration.serverproc import ServerProcess, metric_value, variant, wait_until
 from tests.realmodels import CLS, rapidocr_model
 
 CLS_CONFIG = {
@@ -125,13 +124,6 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
         server.stop()
 
 
-def _variant(data: bytes, text: str) -> bytes:
-    """The same graph with a different doc string: new bytes, new digest."""
-    model = onnx.load_from_string(data)
-    model.doc_string = text
-    return model.SerializeToString()
-
-
 def test_eviction_replace_and_missing_artifact_recompile(tmp_path):
     config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "probe_sizes": {"batch": 3}}
     data = synthetic.two_input_model()
@@ -158,7 +150,7 @@ def test_eviction_replace_and_missing_artifact_recompile(tmp_path):
             assert metric_value(text, "jitserve_compiles_total", model="two") == 2
             assert metric_value(text, "jitserve_kernel_cache_entries") == 1
 
-            replaced = upload(client, "two", _variant(data, "v2"), config, replace="true")
+            replaced = upload(client, "two", variant(data, "v2"), config, replace="true")
             assert replaced.status_code == 201, replaced.text
             assert replaced.json()["version"] == 2
             assert ask(client, 1)["engine"] == "onnxruntime"
@@ -218,7 +210,7 @@ def test_replace_under_concurrent_requests_drops_none(tmp_path):
             for thread in threads:
                 thread.start()
             wait_until(lambda: len(versions) >= 10, what="requests on version 1")
-            assert upload(client, "two", _variant(data, "v2"), replace="true").json()["version"] == 2
+            assert upload(client, "two", variant(data, "v2"), replace="true").json()["version"] == 2
             count = len(versions)
             wait_until(lambda: len(versions) >= count + 10, what="requests on version 2")
             stop.set()

@@ -1,0 +1,56 @@
+"""What the load scripts share: a real server on a free loopback port, shapes, configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(data_dir: str, **settings) -> tuple[subprocess.Popen, str]:
+    """``python -m server`` on 127.0.0.1 with ``JITSERVE_*`` settings; returns (process, url)."""
+    port = _free_port()
+    env = dict(os.environ, JITSERVE_DATA_DIR=data_dir, JITSERVE_PORT=str(port), JITSERVE_DEMO_MODEL="false")
+    env.update({f"JITSERVE_{k.upper()}": str(v) for k, v in settings.items()})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("server did not start")
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """``["x=1,3,48,192"]`` -> ``{"x": (1, 3, 48, 192)}``."""
+    shapes = {}
+    for item in items:
+        name, _, dims = item.rpartition("=")
+        shapes[name] = tuple(int(d) for d in dims.split(","))
+    return shapes
+
+
+def config_with_warm_bucket(path: Path | None, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """The model config from ``path`` (or empty), warming the measured bucket."""
+    config = json.loads(path.read_text()) if path else {}
+    config.setdefault("warm_buckets", [{k: list(v) for k, v in shapes.items()}])
+    return config
