@@ -163,3 +163,82 @@ def slow_model(layers: int = 32, width: int = 1024) -> bytes:
         ],
     )
     return make_model(graph).SerializeToString()
+
+
+def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 128) -> bytes:
+    """A BERT-style encoder without embeddings over ``x: [batch, seq, hidden]`` float32.
+
+    Each layer: Q/K/V projections (MatMul + Add bias), Q scaled by
+    ``1/sqrt(head_dim)``, reshape/transpose to ``heads``, scores (MatMul),
+    Softmax, MatMul with V, output projection, residual Add,
+    LayerNormalization, then the FFN ``MatMul -> GELU (Erf form) -> MatMul``
+    with a residual and a second LayerNormalization. Deterministic weights
+    (seed 2024).
+
+    Q is scaled before the scores rather than the scores after: onnxsim 0.8
+    fuses ``Softmax(Q @ K / s)`` into a ``com.microsoft.Attention`` node with
+    a ``scale`` attribute, which TVM's ONNX importer rejects.
+    """
+    if hidden % heads:
+        raise ValueError("hidden must be a multiple of heads")
+    head_dim = hidden // heads
+    rng = np.random.default_rng(2024)
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def const(name: str, array: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def weight(name: str, shape: tuple[int, ...], scale: float) -> str:
+        return const(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def linear(src: str, name: str, n_in: int, n_out: int) -> str:
+        w = weight(f"{name}_w", (n_in, n_out), 1.0 / np.sqrt(n_in))
+        b = weight(f"{name}_b", (n_out,), 0.02)
+        return node("Add", [node("MatMul", [src, w], f"{name}_mm"), b], name)
+
+    def split_heads(src: str, perm: list[int]) -> str:
+        return node("Transpose", [node("Reshape", [src, "heads_shape"], f"{src}_r")], f"{src}_t", perm=perm)
+
+    def layer_norm(src: str, name: str) -> str:
+        gamma = const(f"{name}_g", (1.0 + rng.standard_normal(hidden) * 0.1).astype(np.float32))
+        beta = weight(f"{name}_b", (hidden,), 0.1)
+        return node("LayerNormalization", [src, gamma, beta], name, axis=-1)
+
+    const("heads_shape", np.array([0, seq, heads, head_dim], dtype=np.int64))
+    const("merge_shape", np.array([0, seq, hidden], dtype=np.int64))
+    const("scale", np.array(np.sqrt(head_dim), dtype=np.float32))
+    const("sqrt2", np.array(np.sqrt(2.0), dtype=np.float32))
+    const("one", np.array(1.0, dtype=np.float32))
+    const("half", np.array(0.5, dtype=np.float32))
+
+    h = "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        q = split_heads(node("Div", [linear(h, f"{p}q", hidden, hidden), "scale"], f"{p}q_scaled"), [0, 2, 1, 3])
+        k = split_heads(linear(h, f"{p}k", hidden, hidden), [0, 2, 3, 1])  # [b, heads, d, seq]
+        v = split_heads(linear(h, f"{p}v", hidden, hidden), [0, 2, 1, 3])  # [b, heads, seq, d]
+        probs = node("Softmax", [node("MatMul", [q, k], f"{p}scores")], f"{p}probs", axis=-1)
+        ctx = node("Transpose", [node("MatMul", [probs, v], f"{p}ctx_h")], f"{p}ctx_t", perm=[0, 2, 1, 3])
+        ctx = node("Reshape", [ctx, "merge_shape"], f"{p}ctx")
+        h1 = layer_norm(node("Add", [h, linear(ctx, f"{p}o", hidden, hidden)], f"{p}res1"), f"{p}ln1")
+        up = linear(h1, f"{p}up", hidden, 4 * hidden)
+        erf = node("Erf", [node("Div", [up, "sqrt2"], f"{p}gx")], f"{p}gerf")
+        gelu = node("Mul", [node("Mul", [up, node("Add", [erf, "one"], f"{p}gplus")], f"{p}gmul"), "half"], f"{p}gelu")
+        down = linear(gelu, f"{p}down", 4 * hidden, hidden)
+        h = layer_norm(node("Add", [h1, down], f"{p}res2"), f"{p}ln2")
+
+    node("Identity", [h], "y")
+    graph = helper.make_graph(
+        nodes,
+        "bert_encoder",
+        [value("x", "float32", ["batch", seq, hidden])],
+        [value("y", "float32", ["batch", seq, hidden])],
+        initializer=inits,
+    )
+    return make_model(graph).SerializeToString()

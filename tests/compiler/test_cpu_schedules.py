@@ -1,0 +1,227 @@
+"""Default CPU schedule rules: each matches its family of fused kernels, schedules
+it (vectorized, parallel when large), and the compiled model still matches ONNX Runtime."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from compiler.build import compile_bucket
+from compiler.model import load_model
+from compiler.store import ArtifactStore
+from compiler.target import resolve_target
+from tests.synthetic import make_model, value
+
+tvm = pytest.importorskip("tvm")
+
+from tvm.s_tir import dlight as dl  # noqa: E402
+
+from compiler import cpu_schedules  # noqa: E402
+from compiler.pipeline import tuned_module_passes  # noqa: E402
+from compiler.tvm_build import import_relax, specialize  # noqa: E402
+
+TARGET = resolve_target("llvm")
+RNG = np.random.default_rng(7)
+
+
+def _const(name: str, shape: tuple[int, ...], scale: float = 0.5) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _model(nodes, x_dims, y_dims, initializer=()) -> bytes:
+    graph = helper.make_graph(
+        nodes,
+        "cpu_schedules",
+        [value("x", "float32", x_dims)],
+        [value("y", "float32", y_dims)],
+        initializer=list(initializer),
+    )
+    return make_model(graph).SerializeToString()
+
+
+def _elementwise_model() -> bytes:
+    """Add, Mul, Erf (GELU-like), Sigmoid, Transpose over [batch, 6, 40]."""
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["t0"]),
+        helper.make_node("Erf", ["t0"], ["t1"]),
+        helper.make_node("Mul", ["t0", "t1"], ["t2"]),
+        helper.make_node("Sigmoid", ["t2"], ["t3"]),
+        helper.make_node("Exp", ["t3"], ["t4"]),
+        helper.make_node("Transpose", ["t4"], ["y"], perm=[0, 2, 1]),
+    ]
+    return _model(nodes, ["batch", 6, 40], ["batch", 40, 6], [_const("b", (40,))])
+
+
+def _matmul_model(k: int = 64, n: int = 48) -> bytes:
+    """Relu(x @ W + b) over [batch, 16, k]."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["z"]),
+        helper.make_node("Relu", ["z"], ["y"]),
+    ]
+    return _model(nodes, ["batch", 16, k], ["batch", 16, n], [_const("W", (k, n), 0.2), _const("b", (n,))])
+
+
+def _conv_bn_relu_model() -> bytes:
+    """3x3 conv (padding 1) -> BatchNormalization -> Relu, 8 -> 16 channels."""
+    c, f = 8, 16
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["conv"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["conv", "scale", "bias", "mean", "var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["y"]),
+    ]
+    inits = [
+        _const("W", (f, c, 3, 3), 0.2),
+        _const("scale", (f,)),
+        _const("bias", (f,)),
+        _const("mean", (f,)),
+        numpy_helper.from_array((RNG.random(f) + 0.5).astype(np.float32), "var"),
+    ]
+    return _model(nodes, ["batch", c, 12, 32], ["batch", f, 12, 32], inits)
+
+
+def _depthwise_model() -> bytes:
+    """Depthwise 5x5 conv (padding 2) + bias -> HardSwish, 8 channels."""
+    c = 8
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "b"], ["conv"], kernel_shape=[5, 5], pads=[2, 2, 2, 2], group=c),
+        helper.make_node("HardSwish", ["conv"], ["y"]),
+    ]
+    inits = [_const("W", (c, 1, 5, 5), 0.3), _const("b", (c,))]
+    return _model(nodes, ["batch", c, 6, 32], ["batch", c, 6, 32], inits)
+
+
+def _softmax_model() -> bytes:
+    return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], ["batch", 8, 64], ["batch", 8, 64])
+
+
+def _layer_norm_model() -> bytes:
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)]
+    return _model(nodes, ["batch", 8, 64], ["batch", 8, 64], [_const("g", (64,)), _const("b", (64,))])
+
+
+def _pooling_model() -> bytes:
+    """MaxPool 2x2 / 2, then x * GlobalAveragePool (a squeeze-excite style broadcast)."""
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["pool"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["pool"], ["gap"]),
+        helper.make_node("Mul", ["pool", "gap"], ["y"]),
+    ]
+    return _model(nodes, ["batch", 8, 8, 64], ["batch", 8, 4, 32])
+
+
+# (model, bucket, {kernel name fragment: rule expected to schedule it})
+CASES = {
+    "elementwise": (_elementwise_model, {"x": (2, 6, 40)}, {"erf": "Injective"}),
+    "matmul_bias_relu": (_matmul_model, {"x": (2, 16, 64)}, {"matmul": "Contraction"}),
+    "matmul_padded_axis": (lambda: _matmul_model(32, 50), {"x": (1, 16, 32)}, {"matmul": "Contraction"}),
+    "conv_bn_relu": (_conv_bn_relu_model, {"x": (1, 8, 12, 32)}, {"conv2d": "Contraction"}),
+    "depthwise_conv": (_depthwise_model, {"x": (2, 8, 6, 32)}, {"conv2d": "Contraction"}),
+    "softmax": (_softmax_model, {"x": (2, 8, 64)}, {"softmax": "RowReduction"}),
+    "layer_norm": (_layer_norm_model, {"x": (2, 8, 64)}, {"layer_norm": "RowReduction"}),
+    "pooling": (_pooling_model, {"x": (1, 8, 8, 64)}, {"max_pool2d": "Contraction", "mean": "RowReduction"}),
+}
+
+
+def _fused_kernels(model: bytes, bucket: dict) -> dict[str, tvm.tirx.PrimFunc]:
+    specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
+    mod = import_relax(specialized, bucket, {"x": "float32"})
+    target = tvm.target.Target(TARGET)
+    with target:
+        mod = tvm.transform.Sequential(tuned_module_passes(target))(mod)
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def _first_match(func) -> tuple[str, str] | None:
+    """(rule name, scheduled TVMScript) of the first rule that schedules ``func``."""
+    target = tvm.target.Target(TARGET)
+    for rule in cpu_schedules.default_cpu_rules():
+        sch = rule.apply(func, target, False)
+        if sch is not None:
+            return type(rule).__name__, sch.mod["main"].script()
+    return None
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ArtifactStore(tmp_path / "kernels")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule_schedules_its_kernel_and_model_verifies(case, store):
+    build, bucket, expected = CASES[case]
+    model = build()
+    kernels = _fused_kernels(model, bucket)
+    for fragment, rule in expected.items():
+        names = [n for n in kernels if fragment in n]
+        assert names, f"no fused kernel named *{fragment}* in {sorted(kernels)}"
+        for name in names:
+            match = _first_match(kernels[name])
+            assert match is not None, f"{name}: no rule matched"
+            assert match[0] == rule, f"{name}: scheduled by {match[0]}, expected {rule}"
+            assert "T.vectorized" in match[1], f"{name}: nothing vectorized"
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), bucket, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
+def test_large_matmul_runs_in_parallel():
+    kernels = _fused_kernels(_matmul_model(256, 256), {"x": (8, 16, 256)})
+    rule, script = _first_match(next(f for n, f in kernels.items() if "matmul" in n))
+    assert rule == "Contraction"
+    assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
+
+
+def test_default_schedule_pass_marks_every_kernel_scheduled():
+    kernels = _fused_kernels(_conv_bn_relu_model(), {"x": (1, 8, 12, 32)})
+    mod = tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in kernels.items()})
+    target = tvm.target.Target(TARGET)
+    with target:
+        scheduled = dl.ApplyDefaultSchedule(*cpu_schedules.default_cpu_rules())(mod)
+    for gv, func in scheduled.functions_items():
+        assert func.attrs and func.attrs.get("tirx.is_scheduled"), gv.name_hint
+
+
+def test_rules_decline_a_non_llvm_target_and_never_raise():
+    kernels = _fused_kernels(_softmax_model(), {"x": (2, 8, 64)})
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    for func in kernels.values():
+        for rule in cpu_schedules.default_cpu_rules():
+            assert rule.apply(func, cuda, False) is None
+            assert rule.apply("not a PrimFunc", tvm.target.Target(TARGET), False) is None
+
+
+def _unary_kernel(op: str, n: int):
+    a = tvm.te.placeholder((n,), "float32", "a")
+    fn = getattr(tvm.tirx, op)
+    b = tvm.te.compute((n,), lambda i: fn(a[i]), name="b")
+    return tvm.te.create_prim_func([a, b])
+
+
+def test_vectorized_exp_erf_sigmoid_match_libm():
+    """The polynomial rewrites stay within float32 rounding of libm, NaN and infinities included."""
+    n = 4096 + 8
+    grid = np.linspace(-95.0, 95.0, n - 8, dtype=np.float32)
+    x = np.concatenate([grid, np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.7, 1e-30, -4.5])])
+    for op, reference in (
+        ("exp", lambda v: math.exp(v) if v < 89 else math.inf),
+        ("erf", math.erf),
+        ("sigmoid", lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0),
+    ):
+        func = _unary_kernel(op, n)
+        rule, script = _first_match(func)
+        assert rule == "Injective" and "T.vectorized" in script and f"T.{op}(" not in script
+        sch = cpu_schedules.Injective().apply(func, tvm.target.Target(TARGET), False)
+        lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), TARGET)
+        out = tvm.runtime.tensor(np.zeros(n, np.float32))
+        lib["main"](tvm.runtime.tensor(x), out)
+        got = out.numpy()
+        with np.errstate(over="ignore"):  # float32 as libm's expf gives it: inf above ~88.72
+            want = np.array([reference(float(v)) if not math.isnan(v) else math.nan for v in x]).astype(np.float32)
+        finite = np.isfinite(want) & (np.abs(want) > 1e-37)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=1e-7, err_msg=op)
+        assert np.isnan(got[n - 8]), op
+        assert np.array_equal(got[n - 7 : n - 5], want[n - 7 : n - 5]), op
