@@ -106,12 +106,10 @@ class Contraction(_SafeRule):
                     sch.compute_inline(sch.get_sblock(name))
         names = _block_names(sch)
         _inline_injective(sch, keep=set(names[: names.index(main_name)]))
-        if _epilogue_count(sch, main_name) > 1:
+        found = _main_contraction(sch, main_name)
+        if found is None:
             return None
-        main = sch.get_sblock(main_name)
-        info = _analyze_contraction(sch, main)
-        if info is None:
-            return None
+        main, info = found
         lanes = _vector_lanes(target, str(sch.get(main).writes[0].source.dtype))
 
         n = info.extents[info.vec]
@@ -123,12 +121,10 @@ class Contraction(_SafeRule):
             after = names[names.index(main_name) + 1 :]
             if len(after) > 1:  # the copy out of the padded result, then the epilogue
                 sch.compute_inline(sch.get_sblock(after[0]))
-            if _epilogue_count(sch, main_name) > 1:
+            found = _main_contraction(sch, main_name)
+            if found is None:
                 return None
-            main = sch.get_sblock(main_name)
-            info = _analyze_contraction(sch, main)
-            if info is None:
-                return None
+            main, info = found
         names = _block_names(sch)
         producers = names[: names.index(main_name)]
         after = names[names.index(main_name) + 1 :]
@@ -345,6 +341,15 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionIn
     # for independent accumulators.
     before = [p for p in spatial if p < vec and extents[p] > 1]
     return _ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents)
+
+
+def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, _ContractionInfo] | None:
+    """The contraction block and its analysis, when it has at most one epilogue."""
+    if _epilogue_count(sch, main_name) > 1:
+        return None
+    main = sch.get_sblock(main_name)
+    info = _analyze_contraction(sch, main)
+    return None if info is None else (main, info)
 
 
 def _tile_sizes(info: _ContractionInfo, lanes: int) -> tuple[int, int]:
