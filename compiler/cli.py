@@ -57,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=int, default=20, help="timed runs per engine (median reported)")
     bench.add_argument("--tune-trials", type=int, default=0, help="also tune each bucket with N MetaSchedule trials")
     bench.add_argument("--plot", default=None, metavar="FILE.png", help="draw the ratios against ONNX Runtime")
+    bench.add_argument(
+        "--ort-no-spin",
+        action="store_true",
+        help="time ONNX Runtime as the server runs it (no spinning threads) instead of with its own defaults",
+    )
     return parser
 
 
@@ -98,11 +103,14 @@ def _compile_context(args, settings):
     from .model import load_model_file
     from .store import ArtifactStore
     from .target import resolve_target
+    from .threads import apply_thread_plan
 
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
     buckets = [_bucket_from_args(model.signature, group) for group in _group_buckets(args.shape)]
+    # Before any kernel runs here or in a compile child: they inherit the plan.
+    kernel_threads = apply_thread_plan(settings.kernel_threads)
     try:
-        target = resolve_target(args.target or settings.target, cuda_arch=settings.cuda_arch)
+        target = resolve_target(args.target or settings.target, cuda_arch=settings.cuda_arch, num_cores=kernel_threads)
     except ValueError as exc:
         raise BadRequestError(str(exc)) from None
     options = CompileOptions(
@@ -146,12 +154,24 @@ def _bench(args, settings) -> list[dict]:
     from .bench import bench_bucket
 
     model, buckets, target, options, store = _compile_context(args, settings)
+    kernel_threads = int(target.get("num-cores", 0)) or None
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     results = [
-        bench_bucket(model, b, target, store, options, runs=args.runs, tune_trials=args.tune_trials, log=log)
+        bench_bucket(
+            model,
+            b,
+            target,
+            store,
+            options,
+            runs=args.runs,
+            tune_trials=args.tune_trials,
+            kernel_threads=kernel_threads,
+            ort_spinning=not args.ort_no_spin,
+            log=log,
+        )
         for b in buckets
     ]
     if args.plot:

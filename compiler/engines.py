@@ -21,10 +21,14 @@ class OrtEngine:
 
     name = "onnxruntime"
 
-    def __init__(self, model_bytes: bytes, *, cuda: bool = False, threads: int | None = None) -> None:
+    def __init__(
+        self, model_bytes: bytes, *, cuda: bool = False, threads: int | None = None, spinning: bool = True
+    ) -> None:
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")

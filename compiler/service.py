@@ -41,6 +41,7 @@ from .registry import BucketRecord, ModelConfig, ModelRecord, ModelStore, check_
 from .settings import Settings
 from .store import ArtifactStore
 from .target import resolve_target, target_kind
+from .threads import apply_thread_plan
 from .tuner import BackgroundTuner
 
 log = logging.getLogger("jitserve")
@@ -131,6 +132,7 @@ class ModelService:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.kernel_threads = apply_thread_plan(settings.kernel_threads)
         self.models_store = ModelStore(settings.model_store_dir)
         self.artifacts = ArtifactStore(settings.kernel_store_dir)
         self.kernels = KernelCache(
@@ -206,13 +208,22 @@ class ModelService:
 
     def _target(self, config: ModelConfig) -> dict:
         try:
-            return resolve_target(config.target or self.settings.target, cuda_arch=self.settings.cuda_arch)
+            return resolve_target(
+                config.target or self.settings.target,
+                cuda_arch=self.settings.cuda_arch,
+                num_cores=self.kernel_threads,
+            )
         except ValueError as exc:
             raise BadRequestError(f"config: {exc}") from None
 
     def _ort(self, model: LoadedModel, target: dict) -> OrtEngine:
         try:
-            return OrtEngine(model.data, cuda=target["kind"] == "cuda", threads=self.settings.ort_threads or None)
+            return OrtEngine(
+                model.data,
+                cuda=target["kind"] == "cuda",
+                threads=self.kernel_threads,
+                spinning=self.settings.ort_spinning,
+            )
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
             raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
 

@@ -51,6 +51,7 @@ def host_cpu() -> str:
 
 
 def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the host's count)."""
     return len(os.sched_getaffinity(0))
 
 

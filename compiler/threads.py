@@ -1,0 +1,28 @@
+"""One thread plan per process for both engines.
+
+Measured on 2 cores: TVM's runtime sizes its pool to half the hardware
+threads (it assumes hyper-threading), so it ran kernels on one core while
+ONNX Runtime used two. Both engines now get the same count. And ONNX
+Runtime's intra-op threads spin after each call: a TVM call right after an
+ONNX Runtime call in the same process then ran 4-13x slower (its workers
+waited for cores the spinners held), so ONNX Runtime does not spin unless
+asked to.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .target import host_cores
+
+
+def apply_thread_plan(kernel_threads: int) -> int:
+    """Size TVM's thread pools for this process and the compile and tuning children it spawns.
+
+    TVM reads ``TVM_NUM_THREADS`` when a thread first creates its pool, and
+    children inherit the environment, so MetaSchedule measures candidates
+    with the thread count that serving uses. Returns the count.
+    """
+    threads = kernel_threads or host_cores()
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    return threads
