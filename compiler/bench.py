@@ -54,21 +54,21 @@ def bench_bucket(
     *,
     runs: int = 20,
     tune_trials: int = 0,
-    kernel_threads: int | None = None,
+    ort_threads: int | None = None,
     ort_spinning: bool = True,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict:
     """Compile (and optionally tune) one bucket; time every engine in this process."""
     signature = model.signature
     kind = target["kind"]
-    ort = OrtEngine(model.data, cuda=kind == "cuda", threads=kernel_threads, spinning=ort_spinning)
+    ort = OrtEngine(model.data, cuda=kind == "cuda", threads=ort_threads, spinning=ort_spinning)
     engines: dict[str, Engine] = {"ort": ort}
     tiers = {"tvm": options}
     if tune_trials:
         tiers["tvm_tuned"] = options.model_copy(
             update={"tune_trials": tune_trials, "database_dir": str(store.root / "tuning")}
         )
-    facts: dict = {"bucket": bucket_label(bucket), "target": kind, "threads": kernel_threads}
+    facts: dict = {"bucket": bucket_label(bucket), "target": kind}
     for tier, tier_options in tiers.items():
         outcome = compile_bucket(model, bucket, target, store, tier_options)
         manifest = outcome.manifest

@@ -154,7 +154,6 @@ def _bench(args, settings) -> list[dict]:
     from .bench import bench_bucket
 
     model, buckets, target, options, store = _compile_context(args, settings)
-    kernel_threads = int(target.get("num-cores", 0)) or None
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -168,7 +167,7 @@ def _bench(args, settings) -> list[dict]:
             options,
             runs=args.runs,
             tune_trials=args.tune_trials,
-            kernel_threads=kernel_threads,
+            ort_threads=settings.kernel_threads or None,
             ort_spinning=not args.ort_no_spin,
             log=log,
         )

@@ -13,8 +13,11 @@ schedule that applies computes what the naive loops compute.
   blocks that share leading (row) axes.
 - :class:`Injective` -- elementwise, broadcast, transpose, reshape, pad.
 
-All three also replace float32 ``erf`` / ``exp`` / ``sigmoid`` blocks by
-polynomials LLVM can vectorize (see :func:`_vectorizable_math`).
+:func:`vectorizable_math_pass` runs before the rules (and before tuning
+extracts its tasks): it replaces float32 ``erf`` / ``exp`` / ``sigmoid``
+blocks by polynomials LLVM can vectorize. The rules themselves use traced
+schedule primitives only, so a rule's schedule can be stored and replayed as
+a tuning record.
 
 Runs in the compile child only (imports TVM).
 """
@@ -93,7 +96,6 @@ class Contraction(_SafeRule):
 
     def _try(self, func, target, allow_pad: bool):
         sch = s_tir.Schedule(func)
-        _vectorizable_math(sch)
         reductions = [b for b in _root_blocks(sch) if not _is_spatial(sch, b)]
         if len(reductions) != 1:
             return None
@@ -207,7 +209,6 @@ class RowReduction(_SafeRule):
 
     def _schedule(self, func, target):
         sch = s_tir.Schedule(func)
-        _vectorizable_math(sch)
         blocks = _root_blocks(sch)
         if all(_is_spatial(sch, b) for b in blocks) or not all(_trivially_bound(sch, b) for b in blocks):
             return None
@@ -264,7 +265,6 @@ class Injective(_SafeRule):
         blocks = _root_blocks(sch)
         if not blocks or not all(_is_spatial(sch, b) for b in blocks):
             return None
-        _vectorizable_math(sch)
         _inline_injective(sch)
         for block in _root_blocks(sch):
             if _trivially_bound(sch, block):
@@ -545,12 +545,35 @@ def _sigmoid_float32(arg):
     return _f32(1.0) / (_f32(1.0) + _exp_float32(-arg))
 
 
-def _vectorizable_math(sch: s_tir.Schedule) -> None:
+def vectorizable_math_pass() -> tvm.transform.Pass:
+    """Rewrite the float32 erf / exp / sigmoid blocks of every unscheduled TIR function."""
+
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_vectorizable_math")
+    def _rewrite(mod: tvm.ir.IRModule, _ctx) -> tvm.ir.IRModule:
+        rewritten = {}
+        for global_var, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
+                sch = s_tir.Schedule(func)
+                if _vectorizable_math(sch):
+                    rewritten[global_var] = sch.mod["main"]
+        if not rewritten:
+            return mod
+        mod = mod.clone()  # passes must not change their input
+        for global_var, func in rewritten.items():
+            mod.update_func(global_var, func)
+        return mod
+
+    return _rewrite
+
+
+def _vectorizable_math(sch: s_tir.Schedule) -> bool:
     """Replace float32 ``B[i] = erf(A[i])`` / ``exp`` / ``sigmoid`` blocks by polynomials.
 
     LLVM has no vector erf (each element calls libm's erff: GELU's erf cost 4x its matmul)
     and turns a vector exp into one expf call per lane. The polynomials vectorize.
+    Returns whether a block was rewritten.
     """
+    changed = False
     rewrites = {
         tvm.ir.Op.get("tirx.erf"): _erf_float32,
         tvm.ir.Op.get("tirx.exp"): _exp_float32,
@@ -580,6 +603,8 @@ def _vectorizable_math(sch: s_tir.Schedule) -> None:
             block.annotations,
         )
         sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
+        changed = True
+    return changed
 
 
 # --------------------------------------------------------------------------- common helpers

@@ -1,6 +1,7 @@
 """The Relax pipeline jitserve compiles with, as named stages.
 
-    dispatch -> fuse (legalize, fold, FuseOps, FuseTIR) -> [tuning records]
+    dispatch -> fuse (legalize, fold, FuseOps, FuseTIR) -> [vectorizable math, CPU]
+    -> [tuning records]
     -> default schedules -> dataflow lowering -> finalize
 
 Tuned records (MetaSchedule, when a database is given) are applied before
@@ -14,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
-from .cpu_schedules import default_cpu_rules
+from .cpu_schedules import default_cpu_rules, vectorizable_math_pass
 
 
 def _backend(target: tvm.target.Target):
@@ -46,7 +47,8 @@ def default_schedule_pass(target: tvm.target.Target):
 
 def tuned_module_passes(target: tvm.target.Target) -> list:
     """Everything up to (and including) fusion: the TIR functions that tuning sees."""
-    return _backend(target).library_dispatch_passes(target) + fusion_passes()
+    math = [vectorizable_math_pass()] if target.kind.name == "llvm" else []
+    return _backend(target).library_dispatch_passes(target) + fusion_passes() + math
 
 
 def build_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:

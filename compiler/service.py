@@ -221,7 +221,7 @@ class ModelService:
             return OrtEngine(
                 model.data,
                 cuda=target["kind"] == "cuda",
-                threads=self.kernel_threads,
+                threads=self.settings.kernel_threads or None,
                 spinning=self.settings.ort_spinning,
             )
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types

@@ -41,7 +41,8 @@ class Settings(BaseSettings):
     """Predictions that may wait for an inference thread; past it requests answer 503."""
 
     kernel_threads: int = Field(0, ge=0)
-    """Threads one kernel call may use, in TVM and ONNX Runtime alike (0: the CPU cores this process may run on)."""
+    """Threads one kernel call may use, in TVM and ONNX Runtime alike (0: TVM takes the CPU cores this
+    process may run on, ONNX Runtime its default of one pinned thread per physical core)."""
 
     ort_spinning: bool = False
     """Let ONNX Runtime's idle intra-op threads spin between calls. Off: spinning threads hold the
