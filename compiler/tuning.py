@@ -9,9 +9,12 @@ a compile reading it never sees a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -120,6 +123,9 @@ def tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, database_
 
 def _tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, work_dir: str, database_dir: str) -> dict:
     started = time.perf_counter()
+    # MetaSchedule logs every iteration to stdout, where the CLI prints its results: warnings
+    # only, and to stderr (its per-task logs go to the work dir).
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     target = tvm.target.Target(target_dict)
     with target:
         fused = tvm.transform.Sequential(tuned_module_passes(target))(mod)
@@ -129,17 +135,18 @@ def _tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, work_dir
     builder = ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120)
     runner = ms.runner.LocalRunner()
     seeded = record_default_schedules(tasks, target, run_database, builder, runner)
-    ms.tune_tasks(
-        tasks=contexts,
-        task_weights=weights,
-        work_dir=work_dir,
-        max_trials_global=trials,
-        max_trials_per_task=trials_per_task,
-        num_trials_per_iter=min(16, trials_per_task, trials),
-        builder=builder,
-        runner=runner,
-        database=run_database,
-    )
+    with contextlib.redirect_stdout(sys.stderr):
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=work_dir,
+            max_trials_global=trials,
+            max_trials_per_task=trials_per_task,
+            num_trials_per_iter=min(16, trials_per_task, trials),
+            builder=builder,
+            runner=runner,
+            database=run_database,
+        )
     trials_run = len(run_database.get_all_tuning_records()) - seeded
     merge_into_shared(database_dir, run_database)
     return {

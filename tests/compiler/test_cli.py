@@ -86,3 +86,26 @@ def test_bad_input_gives_one_line_error(two_input, tmp_path, args, message):
     assert lines[0].startswith("error: ")
     assert message in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_prints_one_json_line_per_bucket_and_plots(two_input, tmp_path):
+    plot = tmp_path / "ratios.png"
+    shapes = ("--shape", "a=2,8", "--shape", "b=2,8", "--shape", "a=4,8", "--shape", "b=4,8")
+    args = ("bench", str(two_input), *shapes, "--store", str(tmp_path / "kernels"), "--runs", "3")
+    result = cli(*args, "--tune-trials", "4", "--plot", str(plot))
+    assert result.returncode == 0, result.stderr
+    # Only results on stdout: tuning's progress goes to stderr.
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2, result.stdout[-2000:]
+    rows = [json.loads(line) for line in lines]
+    assert [r["bucket"] for r in rows] == ["a=2x8,b=2x8", "a=4x8,b=4x8"]
+    for row in rows:
+        assert row["tvm_verified"] is True and row["tvm_tuned_verified"] is True
+        assert row["ort_ms"] > 0 and row["tvm_ms"] > 0 and row["tvm_tuned_ms"] > 0
+        # Ratios come from the unrounded times; the printed times are rounded to the microsecond.
+        assert set(row["ratio_vs_ort"]) == {"tvm", "tvm_tuned"}
+        for tier in ("tvm", "tvm_tuned"):
+            assert row["ratio_vs_ort"][tier] == pytest.approx(row[f"{tier}_ms"] / row["ort_ms"], rel=0.25)
+        assert row["compile_seconds"] > 0 and row["tune_seconds"] > 0 and row["tune_trials"] >= 1
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -168,6 +168,23 @@ def test_rule_schedules_its_kernel_and_model_verifies(case, store):
     assert outcome.manifest.verified is True, outcome.manifest.verification
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule_schedules_replay_from_their_trace(case):
+    """Tuning stores a rule's schedule as a trace; replaying it must give the same kernel."""
+    build, bucket, _ = CASES[case]
+    target = tvm.target.Target(TARGET)
+    for name, func in _fused_kernels(build(), bucket).items():
+        for rule in cpu_schedules.default_cpu_rules():
+            sch = rule.apply(func, target, False)
+            if sch is not None:
+                replayed = tvm.s_tir.Schedule(func)
+                sch.trace.apply_to_schedule(replayed, remove_postproc=False)
+                tvm.ir.assert_structural_equal(replayed.mod, sch.mod)
+                break
+        else:
+            pytest.fail(f"{name}: no rule matched")
+
+
 def test_large_matmul_runs_in_parallel():
     kernels = _fused_kernels(_matmul_model(256, 256), {"x": (8, 16, 256)})
     rule, script = _first_match(next(f for n, f in kernels.items() if "matmul" in n))
