@@ -618,6 +618,7 @@ class ModelService:
             state = served.state_for(plan.bucket)
             state.hits += 1
             kernel = self._kernel_for(served, state)
+            inference_started = time.perf_counter()
             if kernel is not None:
                 engine_name = state.route
                 padded = served.planner.pad(arrays, plan, served.record.config.pad_values)
@@ -626,6 +627,7 @@ class ModelService:
             else:
                 engine_name = "onnxruntime"
                 outputs = served.ort.run(arrays)
+            inference_ms = (time.perf_counter() - inference_started) * 1000
         except JitServeError as exc:
             self.metrics.record_request(model=name, engine=engine_name, code=exc.http_status)
             raise
@@ -636,6 +638,8 @@ class ModelService:
             "outputs": {k: np.ascontiguousarray(v) for k, v in outputs.items()},
             "engine": engine_name,
             "bucket": state.label,
+            # Not part of the body: the HTTP layer sends it as a Server-Timing header.
+            "inference_ms": inference_ms,
         }
 
 

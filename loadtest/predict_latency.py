@@ -9,7 +9,9 @@ in-process ONNX Runtime session, in one run:
 Configurations: ``ort-only`` (no compile workers: every request served by
 ONNX Runtime, so the difference is the HTTP + JSON cost) and ``jit`` (the
 bucket's verified TVM kernel serves once compiled). Prints one JSON object
-per configuration.
+per configuration. ``served_inference_p50_ms`` is the engine's share of each
+request (the ``Server-Timing`` header: pad, run, cut back), compared with the
+fastest engine routing measured for the bucket (``ratio_vs_fastest_engine``).
 """
 
 from __future__ import annotations
@@ -60,15 +62,18 @@ def measure(model_path: Path, inputs: dict[str, np.ndarray], config: dict, runs:
                 for _ in range(3):
                     client.post("/models/m/predict", content=body, headers=headers).raise_for_status()
                     engine.run(inputs)
-                http_ms, ort_ms, engines = [], [], set()
+                http_ms, ort_ms, inference_ms, engines = [], [], [], set()
                 for _ in range(runs):
                     started = time.perf_counter()
                     response = client.post("/models/m/predict", content=body, headers=headers)
                     http_ms.append((time.perf_counter() - started) * 1000)
-                    engines.add(response.json()["engine"])
+                    answer = response.json()
+                    engines.add(answer["engine"])
+                    inference_ms.append(float(response.headers["server-timing"].split("dur=")[1]))
                     started = time.perf_counter()
                     engine.run(inputs)
                     ort_ms.append((time.perf_counter() - started) * 1000)
+                bucket = next(b for b in client.get("/models/m").json()["buckets"] if b["bucket"] == answer["bucket"])
         finally:
             process.terminate()
             process.wait(30)
@@ -79,7 +84,16 @@ def measure(model_path: Path, inputs: dict[str, np.ndarray], config: dict, runs:
         "ort_direct_p50_ms": round(statistics.median(ort_ms), 3),
         "ratio_p50_vs_ort": round(statistics.median(http_ms) / statistics.median(ort_ms), 2),
         "request_json_bytes": len(body),
+        "served_inference_p50_ms": round(statistics.median(inference_ms), 3),
+        "engine_latency_ms": bucket.get("latency_ms"),
+        **_versus_fastest(statistics.median(inference_ms), bucket.get("latency_ms")),
     }
+
+
+def _versus_fastest(served_ms: float, latency_ms: dict | None) -> dict:
+    if not latency_ms:  # not routed (no compile workers): ONNX Runtime is the only engine
+        return {}
+    return {"ratio_vs_fastest_engine": round(served_ms / min(latency_ms.values()), 2)}
 
 
 def main() -> int:

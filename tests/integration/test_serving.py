@@ -182,6 +182,10 @@ def test_demo_model_answers_right_after_start(tmp_path):
             probs = response.json()["outputs"]["probs"]
             assert len(probs) == 1 and len(probs[0]) == 3
             assert sum(probs[0]) == pytest.approx(1.0, abs=1e-5)
+            # The engine's share of the request comes as a header, not in the body.
+            name, duration = response.headers["server-timing"].split(";dur=")
+            assert name == "inference" and float(duration) > 0
+            assert set(response.json()) == {"model", "version", "outputs", "engine", "bucket"}
             wait_until(lambda: client.get("/readyz").status_code == 200, what="demo warm bucket")
             assert [m["name"] for m in client.get("/models").json()["models"]] == ["demo"]
     finally:
