@@ -1,14 +1,13 @@
 """Latency of compiled kernels against ONNX Runtime, measured in one process.
 
-Both engines get the same seeded input and the median of the timed runs is
+Every engine gets the same seeded input; the median of its timed runs is
 reported. Runs come in blocks per engine, the engines taking turns block by
-block; the first runs of each block are not timed, so one engine's thread pool
-winding down does not count against the next. ``bench`` times each engine in
-one block, ONNX Runtime first: with its spinning threads (its default) the
-engines slow each other down whenever they take turns in one process
-(measured on 2 cores: TVM up to 1.8x slower right after ONNX Runtime, ONNX
-Runtime up to 4x slower after TVM). The median of the
-timed runs is reported.
+block, and the first runs of each block are not timed, so that one engine's
+thread pool winding down does not count against the next. ``bench`` times
+each engine in a single block, ONNX Runtime first: with its spinning threads
+(its default) the engines slow each other down whenever they take turns in
+one process (measured on 2 cores: TVM up to 1.8x slower right after ONNX
+Runtime, ONNX Runtime up to 4x slower after TVM).
 """
 
 from __future__ import annotations

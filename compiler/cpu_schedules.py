@@ -39,8 +39,7 @@ _get_sblock_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 _has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 
 # Work below which a loop nest stays serial: output elements (injective, row reductions) and
-# multiply-adds (contractions). A parallel launch costs ~3 us with two TVM threads and ~6 us
-# with one (TVM's default pool has hardware_concurrency / 2 threads: one on a 2-vCPU machine).
+# multiply-adds (contractions). A parallel launch costs ~3 us with two TVM threads.
 _PARALLEL_MIN_ELEMENTS = 1 << 20
 _PARALLEL_MIN_MACS = 1 << 22
 # Register tile budget of a contraction, in accumulator vectors: when the tile's rows share each

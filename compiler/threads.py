@@ -3,12 +3,11 @@
 Measured on 2 cores: TVM's runtime sizes its pool to half the hardware
 threads (it assumes hyper-threading), so it ran kernels on one core while
 ONNX Runtime used two. TVM now gets every usable core, as ONNX Runtime does
-by default (one thread per physical core, pinned), or both get the count
-set. And ONNX
-Runtime's intra-op threads spin after each call: a TVM call right after an
-ONNX Runtime call in the same process then ran 4-13x slower (its workers
-waited for cores the spinners held), so ONNX Runtime does not spin unless
-asked to.
+by default (one pinned thread per physical core), or both get the count
+set. And ONNX Runtime's intra-op threads spin after each call: a TVM call
+right after an ONNX Runtime call in the same process ran 4-13x slower (its
+workers waited for the cores the spinners held), so the server's ONNX
+Runtime sessions do not spin unless asked to.
 """
 
 from __future__ import annotations
