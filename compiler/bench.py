@@ -107,7 +107,8 @@ def plot_ratios(results: list[dict], path: str, *, title: str = "") -> None:
     axes.set_xticks([j + width * (len(tiers) - 1) / 2 for j in range(len(results))])
     axes.set_xticklabels([r["bucket"] for r in results], fontsize=8)
     axes.set_ylabel("latency / ONNX Runtime")
-    axes.set_yscale("log")
+    if max(r["ratio_vs_ort"].get(t, 0) for r in results for t in tiers) > 10:
+        axes.set_yscale("log")  # bars from 0 would hide the small ratios
     axes.set_title(title)
     axes.legend()
     figure.tight_layout()
