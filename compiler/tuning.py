@@ -106,7 +106,13 @@ def merge_into_shared(directory: str, run_database) -> int:
 
 def tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, database_dir: str) -> dict:
     """Tune every task of the fused module; merge the records into the shared database."""
-    os.nice(10)  # below serving: tuning must not starve requests
+    # Below serving: tuning must not starve requests. SCHED_IDLE runs only on otherwise idle
+    # cores (and is inherited by MetaSchedule's builder and runner processes); nice 19 where
+    # the policy is not available.
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
     work_dir = tempfile.mkdtemp(prefix="jitserve-tune-")
     try:
         return _tune(
