@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from .target import canonical_target
 
 # Bump when jitserve's own build steps (pipeline.py, cpu_schedules.py) change the code they generate.
-COMPILER_VERSION = "3"
+COMPILER_VERSION = "4"
 LIBRARY_NAME = "kernel.so"
 MANIFEST_NAME = "manifest.json"
 
