@@ -1,47 +1,23 @@
 """Latency of compiled kernels against ONNX Runtime, measured in one process.
 
-Every engine gets the same seeded input; the median of its timed runs is
-reported. Runs come in blocks per engine, the engines taking turns block by
-block, and the first runs of each block are not timed, so that one engine's
-thread pool winding down does not count against the next. ``bench`` times
-each engine in a single block, ONNX Runtime first: with its spinning threads
-(its default) the engines slow each other down whenever they take turns in
-one process (measured on 2 cores: TVM up to 1.8x slower right after ONNX
-Runtime, ONNX Runtime up to 4x slower after TVM).
+``bench`` times each engine in a single block, ONNX Runtime first: with its
+spinning threads (its default) the engines slow each other down whenever
+they take turns in one process (measured on 2 cores: TVM up to 1.8x slower
+right after ONNX Runtime, ONNX Runtime up to 4x slower after TVM).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 from .arrays import random_inputs
 from .buckets import Bucket, bucket_label
-from .build import CompileOptions, compile_bucket
+from .build import compile_bucket
 from .engines import Engine, OrtEngine, TvmEngine
 from .model import LoadedModel
+from .options import CompileOptions
 from .store import ArtifactStore
-
-
-def _time_once(engine: Engine, inputs) -> float:
-    started = time.perf_counter()
-    engine.run(inputs)
-    return (time.perf_counter() - started) * 1000
-
-
-def median_latencies_ms(
-    engines: dict[str, Engine], inputs, *, warmup: int = 3, runs: int = 20, block: int = 5
-) -> dict[str, float]:
-    """Median milliseconds per engine; ``warmup`` untimed runs open an engine's first block, one each later block."""
-    samples: dict[str, list[float]] = {name: [] for name in engines}
-    while any(len(values) < runs for values in samples.values()):
-        for name, engine in engines.items():
-            for _ in range(1 if samples[name] else warmup):
-                engine.run(inputs)
-            for _ in range(min(block, runs - len(samples[name]))):
-                samples[name].append(_time_once(engine, inputs))
-    return {name: statistics.median(values) for name, values in samples.items()}
+from .timing import median_latencies_ms
 
 
 def bench_bucket(

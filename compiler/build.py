@@ -1,7 +1,8 @@
 """Compile one (model, bucket, target) into the artifact store, or reuse it.
 
-The caller's process never imports TVM for this: the build runs in a child
-process (see :mod:`compiler.worker`) and lands in the store atomically.
+The caller's process never imports TVM's compile side: the build
+(:mod:`compiler.tvm.build`) runs in a child process (see
+:mod:`compiler.worker`) and lands in the store atomically.
 """
 
 from __future__ import annotations
@@ -9,57 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
 from .buckets import Bucket
 from .model import LoadedModel
+from .options import BuildJob, CompileOptions
 from .store import LIBRARY_NAME, ArtifactStore, Manifest, artifact_key, tvm_version
 from .worker import run_in_child
-
-
-class CompileOptions(BaseModel):
-    """Knobs of one compile. Only ``key_options()`` enter the artifact key."""
-
-    rtol: float = Field(1e-3, description="relative tolerance of verification")
-    atol: float = Field(1e-4, description="absolute tolerance of verification")
-    seed: int = Field(0, description="seed of the random verification inputs")
-    timeout_seconds: float = Field(900.0, description="limit of one compile child process")
-    simplify: bool = Field(True, description="fold shape subgraphs with onnxsim before import")
-    tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
-    tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
-    database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
-
-    @property
-    def tier(self) -> str:
-        return "tvm-tuned" if self.tune_trials else "tvm"
-
-    def key_options(self) -> dict:
-        # The database is not in the key: a kernel compiled with whatever records existed is
-        # still verified, and keys must stay stable for a restart to find its kernels.
-        key = {"simplify": self.simplify, "pipeline": "fuse+tuning-records+default-schedules"}
-        if self.tune_trials:
-            key["tune"] = [self.tune_trials, self.tune_trials_per_task]
-        return key
-
-
-@dataclass(frozen=True)
-class BuildJob:
-    """Everything the compile child needs; pickled across the process boundary."""
-
-    model_bytes: bytes
-    bucket: Bucket
-    dtypes: dict[str, str]
-    input_names: list[str]
-    output_names: list[str]
-    target: dict
-    library_path: str
-    rtol: float
-    atol: float
-    seed: int
-    simplify: bool
-    tune_trials: int = 0
-    tune_trials_per_task: int = 64
-    database_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +29,7 @@ def bucket_key(model: LoadedModel, bucket: Bucket, target: dict, options: Compil
 
 
 def _build_in_child(job: BuildJob) -> dict:
-    from .tvm_build import build_and_verify
+    from .tvm.build import build_and_verify
 
     return build_and_verify(job)
 

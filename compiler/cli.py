@@ -98,9 +98,9 @@ def _group_buckets(shapes: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple
 
 
 def _compile_context(args, settings):
-    from .build import CompileOptions
     from .errors import BadRequestError
     from .model import load_model_file
+    from .options import CompileOptions
     from .store import ArtifactStore
     from .target import resolve_target
     from .threads import apply_thread_plan
@@ -183,10 +183,10 @@ def _bench(args, settings) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .settings import Settings
+    from .options import CompileSettings
 
     try:
-        settings = Settings()
+        settings = CompileSettings()
         command = {"inspect": _inspect, "compile": _compile, "bench": _bench}[args.command]
         result = command(args, settings)
     except JitServeError as exc:

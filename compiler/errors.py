@@ -68,3 +68,9 @@ class CompileCrashedError(CompileError):
 
 class CompileTimeoutError(CompileError):
     """The compile child process ran past its time limit and was killed."""
+
+
+class IllegalTransitionError(JitServeError):
+    """A bucket asked to move between lifecycle states that are not connected: a bug, never the user's fault."""
+
+    http_status = 500

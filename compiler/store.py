@@ -20,9 +20,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from .target import canonical_target
+from .tvm import COMPILER_VERSION
 
-# Bump when jitserve's own build steps (pipeline.py, cpu_schedules.py) change the code they generate.
-COMPILER_VERSION = "4"
 LIBRARY_NAME = "kernel.so"
 MANIFEST_NAME = "manifest.json"
 
@@ -50,15 +49,17 @@ class Manifest(BaseModel):
     tuning: dict | None = None
 
 
-def artifact_key(model_digest: str, bucket: dict, target: dict, tvm: str, options: dict) -> str:
-    """sha256 over what determines the kernel: content, never paths."""
+def artifact_key(
+    model_digest: str, bucket: dict, target: dict, tvm: str, options: dict, *, compiler: str = COMPILER_VERSION
+) -> str:
+    """sha256 over what determines the kernel: content, never paths (``compiler``: jitserve's own version)."""
     material = {
         "model": model_digest,
         "bucket": {name: list(shape) for name, shape in sorted(bucket.items())},
         "target": canonical_target(target),
         "tvm": tvm,
         "options": options,
-        "compiler": COMPILER_VERSION,
+        "compiler": compiler,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 

@@ -1,1 +1,1 @@
-"""jitserve's HTTP layer: thin adapters over :class:`compiler.service.ModelService`."""
+"""jitserve's long-running process: thin HTTP adapters over the runtime in :mod:`server.runtime`."""

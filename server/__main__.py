@@ -5,9 +5,8 @@ import sys
 
 import uvicorn
 
-from compiler.settings import Settings
-
 from .app import create_app
+from .settings import Settings
 
 
 def main() -> int:

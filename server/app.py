@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from contextlib import asynccontextmanager
 
@@ -13,30 +12,14 @@ from starlette.exceptions import HTTPException
 
 from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 from compiler.errors import JitServeError
-from compiler.metrics import Metrics
-from compiler.service import ModelService
-from compiler.settings import Settings
 
+from .auth import check_exposure
 from .routes import router
+from .runtime.metrics import Metrics
+from .runtime.service import ModelService
+from .settings import Settings
 
 log = logging.getLogger("jitserve")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(settings: Settings) -> None:
-    if not is_loopback(settings.host) and not settings.admin_token:
-        raise ValueError(
-            f"refusing to serve on non-loopback host {settings.host!r} without JITSERVE_ADMIN_TOKEN: "
-            "anyone could upload or delete models"
-        )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

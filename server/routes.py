@@ -1,57 +1,88 @@
-"""REST endpoints: each one adapts HTTP to one ModelService call."""
+"""REST endpoints: each one adapts HTTP to one :class:`ModelService` call."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from compiler.errors import BadRequestError, JitServeError, UnauthorizedError
-from compiler.service import ModelService
+from compiler.errors import BadRequestError, JitServeError
 
+from .auth import require_admin
 from .body import json_bytes, parse_json_object, parse_upload, read_limited
+from .runtime.service import ModelService
+from .schemas import (
+    Health,
+    ModelDescription,
+    ModelList,
+    PredictRequest,
+    PredictResponse,
+    Readiness,
+    error_responses,
+)
 
 router = APIRouter()
+
+UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["model"],
+                "properties": {
+                    "model": {"type": "string", "format": "binary", "description": "the ONNX file"},
+                    "config": {"type": "string", "description": "the model's config as a JSON object"},
+                },
+            }
+        },
+    },
+}
+PREDICT_BODY = {"required": True, "content": {"application/json": {"schema": PredictRequest.model_json_schema()}}}
+PREDICT_HEADERS = {"server-timing": {"description": "inference;dur=MS: the engine's share of the request"}}
 
 
 def service_of(request: Request) -> ModelService:
     return request.app.state.service
 
 
-def require_admin(request: Request) -> None:
-    token = request.app.state.settings.admin_token
-    if not token:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    # The scheme is case-insensitive (RFC 9110, 11.1); the token is compared in constant time.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
-        raise UnauthorizedError("this call needs 'Authorization: Bearer <admin token>'")
-
-
-@router.put("/models/{name}", status_code=201, dependencies=[Depends(require_admin)])
-async def upload_model(name: str, request: Request, replace: bool = False) -> JSONResponse:
+@router.put(
+    "/models/{name}",
+    status_code=201,
+    response_model=ModelDescription,
+    dependencies=[Depends(require_admin)],
+    responses=error_responses(400, 401, 409, 413, 422, 503),
+    openapi_extra={"requestBody": UPLOAD_BODY},
+)
+async def upload_model(name: str, request: Request, replace: bool = False) -> dict:
+    """Upload a model: the ONNX file, or multipart with ``model`` and ``config``."""
     settings = request.app.state.settings
     body = await read_limited(request, settings.max_model_bytes)
     data, config = await parse_upload(request, body)
-    described = await run_in_threadpool(service_of(request).register, name, data, config, replace=replace)
-    return JSONResponse(described, status_code=201)
+    return await run_in_threadpool(service_of(request).register, name, data, config, replace=replace)
 
 
-@router.get("/models")
+@router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> dict:
     service = service_of(request)
     return {"models": [service.describe(name) for name in service.model_names]}
 
 
-@router.get("/models/{name}")
+@router.get("/models/{name}", response_model=ModelDescription, responses=error_responses(404))
 async def describe_model(name: str, request: Request) -> dict:
     return service_of(request).describe(name)
 
 
-@router.delete("/models/{name}", status_code=204, dependencies=[Depends(require_admin)])
+@router.delete(
+    "/models/{name}",
+    status_code=204,
+    response_class=Response,
+    dependencies=[Depends(require_admin)],
+    responses=error_responses(400, 401, 404),
+)
 async def delete_model(name: str, request: Request) -> Response:
     await run_in_threadpool(service_of(request).delete, name)
     return Response(status_code=204)
@@ -69,38 +100,49 @@ async def _predict(request: Request, name: str | None) -> Response:
             raise BadRequestError("missing 'inputs': an object of input name -> nested list")
         future = service.submit_predict(name, body["inputs"])
     except JitServeError as exc:
-        # Rejected before reaching a model; label only registered names (bounded).
-        model = name if name in service.model_names else ""
-        request.app.state.metrics.record_request(model=model, engine="none", code=exc.http_status)
+        service.reject_request(name, exc)
         raise
-    result = await asyncio.wrap_future(future)
+    prediction = await asyncio.wrap_future(future)
     # The engine's share (pad, run, cut back) of the request, for clients comparing it with routing's timings.
-    timing = f"inference;dur={result.pop('inference_ms'):.3f}"
-    return Response(json_bytes(result), media_type="application/json", headers={"server-timing": timing})
+    timing = f"inference;dur={prediction.inference_ms:.3f}"
+    return Response(json_bytes(prediction.body()), media_type="application/json", headers={"server-timing": timing})
 
 
-@router.post("/predict")
+PREDICT_ROUTE = {
+    "response_model": PredictResponse,
+    "responses": {200: {"headers": PREDICT_HEADERS}, **error_responses(400, 404, 413, 500, 503)},
+    "openapi_extra": {"requestBody": PREDICT_BODY},
+}
+
+
+@router.post("/predict", **PREDICT_ROUTE)
 async def predict(request: Request) -> Response:
+    """Run a model: ``{"model": NAME, "inputs": {INPUT: nested list}}``."""
     return await _predict(request, None)
 
 
-@router.post("/models/{name}/predict")
+@router.post("/models/{name}/predict", **PREDICT_ROUTE)
 async def predict_model(name: str, request: Request) -> Response:
+    """Run the model ``name``: ``{"inputs": {INPUT: nested list}}``."""
     return await _predict(request, name)
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request) -> JSONResponse:
     ready, waiting = service_of(request).ready()
     return JSONResponse({"ready": ready, "waiting": waiting}, status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
+)
 async def metrics(request: Request) -> Response:
     registry = request.app.state.metrics
     return Response(registry.exposition(), media_type=registry.content_type)

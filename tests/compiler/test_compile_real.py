@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 
-from compiler.build import CompileOptions, bucket_key, compile_bucket
+from compiler.build import bucket_key, compile_bucket
 from compiler.engines import OrtEngine
 from compiler.model import load_model_file
+from compiler.options import CompileOptions
 from compiler.padding import check_axis_padding
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 
-from compiler.bench import median_latencies_ms
 from compiler.target import host_cores
+from compiler.timing import median_latencies_ms
 
 _PROBE = """
 import json, sys

@@ -9,9 +9,10 @@ import textwrap
 
 import pytest
 
-from compiler.build import CompileOptions, compile_bucket
+from compiler.build import compile_bucket
 from compiler.demo import demo_model_bytes
 from compiler.model import load_model
+from compiler.options import CompileOptions
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
 
@@ -25,9 +26,9 @@ APPLY_IN_FRESH_PROCESS = textwrap.dedent(
     import onnx, tvm
     from tvm import relax
     from compiler.demo import demo_model_bytes
-    from compiler.pipeline import tuned_module_passes
-    from compiler.tuning import open_shared_database
-    from compiler.tvm_build import import_relax, specialize
+    from compiler.tvm.pipeline import tuned_module_passes
+    from compiler.tvm.tuning import open_shared_database
+    from compiler.tvm.build import import_relax, specialize
 
     database_dir, target = sys.argv[1], json.loads(sys.argv[2])
     database = open_shared_database(database_dir)

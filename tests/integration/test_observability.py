@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from compiler.demo import demo_model_bytes
-from compiler.metrics import Metrics
+from server.runtime.metrics import Metrics
 from tests.integration.serverproc import REPO, ServerProcess, free_port, metric_value, stop_process, variant, wait_until
 from tests.integration.test_serving import upload, wait_ready
 

@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
-from .cpu_schedules import default_cpu_rules, vectorizable_math_pass
+from .schedules import default_cpu_rules, vectorizable_math_pass
 
 
 def _backend(target: tvm.target.Target):

@@ -1,4 +1,5 @@
-"""In-memory LRU of loaded kernels, bounded by entries and by bytes.
+"""Loaded kernels: an in-memory LRU bounded by entries and by bytes, in front
+of the artifact store.
 
 An evicted kernel stays in the artifact store: needing it again is a reload
 (milliseconds), never a compile.
@@ -9,8 +10,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 
-from .engines import Engine
+from compiler.engines import Engine, TvmEngine
+from compiler.signature import Signature
+from compiler.store import ArtifactStore
+from compiler.target import target_kind
+
+from .metrics import Metrics
+
+EngineOpener = Callable[[Path, Signature, dict], Engine]
 
 
 class KernelCache:
@@ -66,3 +75,36 @@ class KernelCache:
     @property
     def total_bytes(self) -> int:
         return self._bytes
+
+
+def open_tvm_engine(library: Path, signature: Signature, target: dict) -> Engine:
+    return TvmEngine(library, signature.input_names, signature.output_names, device=target_kind(target))
+
+
+class Kernels:
+    """Kernels by artifact key: from the cache, else loaded from the store (a reload, never a compile)."""
+
+    def __init__(
+        self,
+        cache: KernelCache,
+        artifacts: ArtifactStore,
+        metrics: Metrics,
+        open_engine: EngineOpener = open_tvm_engine,
+    ) -> None:
+        self.cache = cache
+        self.artifacts = artifacts
+        self.metrics = metrics
+        self._open_engine = open_engine
+
+    def get(self, key: str) -> Engine | None:
+        return self.cache.get(key)
+
+    def load(self, key: str, signature: Signature, target: dict) -> Engine:
+        engine = self._open_engine(self.artifacts.library_path(key), signature, target)
+        manifest = self.artifacts.get(key)
+        self.cache.put(key, engine, manifest.library_bytes if manifest else 0)
+        self.metrics.set_cache_entries(entries=len(self.cache))
+        return engine
+
+    def get_or_load(self, key: str, signature: Signature, target: dict) -> Engine:
+        return self.cache.get(key) or self.load(key, signature, target)

@@ -23,8 +23,8 @@ from pathlib import Path
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from .cpu_schedules import default_cpu_rules
 from .pipeline import tuned_module_passes
+from .schedules import default_cpu_rules
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"

@@ -1,4 +1,5 @@
-"""Uploaded models on disk: ``models/<name>/v<version>/{model.onnx,record.json}``.
+"""Uploaded models and their records on disk:
+``models/<name>/v<version>/{model.onnx,record.json}``, and the upload config.
 
 A version directory is written in ``models/.staging`` and renamed into place,
 so a crash never leaves a half-written model; the newest complete version is
@@ -15,10 +16,12 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .buckets import AxisPolicy, AxisSafety
-from .errors import BadRequestError
+from compiler.buckets import AxisPolicy, AxisSafety
+from compiler.errors import BadRequestError
+
+from .state import TuningStatus
 
 log = logging.getLogger("jitserve")
 
@@ -67,7 +70,12 @@ class BucketRecord(BaseModel):
     latency_ms: dict[str, float] = Field(default_factory=dict)
     route: str | None = None
     tuned_key: str | None = None
-    tuning: dict = Field(default_factory=dict)
+    tuning: TuningStatus | None = None
+
+    @field_validator("tuning", mode="before")
+    @classmethod
+    def _untuned(cls, value):
+        return value or None  # records written before tuning was typed hold {} for "never tuned"
 
 
 class ModelRecord(BaseModel):

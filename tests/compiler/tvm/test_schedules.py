@@ -20,9 +20,9 @@ tvm = pytest.importorskip("tvm")
 
 from tvm.s_tir import dlight as dl  # noqa: E402
 
-from compiler import cpu_schedules  # noqa: E402
-from compiler.pipeline import tuned_module_passes  # noqa: E402
-from compiler.tvm_build import import_relax, specialize  # noqa: E402
+from compiler.tvm import schedules as cpu_schedules  # noqa: E402
+from compiler.tvm.build import import_relax, specialize  # noqa: E402
+from compiler.tvm.pipeline import tuned_module_passes  # noqa: E402
 
 TARGET = resolve_target("llvm")
 RNG = np.random.default_rng(7)

@@ -14,10 +14,10 @@ import onnxsim
 import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
-from .arrays import compare_outputs, random_inputs
-from .build import BuildJob
-from .engines import OrtEngine, TvmEngine
-from .errors import CompileError, UnsupportedOperatorError
+from ..arrays import compare_outputs, random_inputs
+from ..engines import OrtEngine, TvmEngine
+from ..errors import CompileError, UnsupportedOperatorError
+from ..options import BuildJob
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
 

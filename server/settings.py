@@ -1,5 +1,6 @@
 """jitserve's settings: one class, read from ``JITSERVE_*`` environment
-variables, every field documented."""
+variables, every field documented. The compile settings it extends are
+:class:`compiler.options.CompileSettings` (the CLI reads those alone)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from compiler.options import CompileSettings
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="JITSERVE_", extra="ignore")
+class Settings(CompileSettings):
+    """Everything the server reads: the compile settings plus serving, routing and tuning."""
 
     host: str = "127.0.0.1"
     """Address the HTTP server binds; a non-loopback address requires ``admin_token``."""
@@ -39,10 +41,6 @@ class Settings(BaseSettings):
 
     inference_queue_size: int = Field(64, ge=0)
     """Predictions that may wait for an inference thread; past it requests answer 503."""
-
-    kernel_threads: int = Field(0, ge=0)
-    """Threads one kernel call may use, in TVM and ONNX Runtime alike (0: TVM takes the CPU cores this
-    process may run on, ONNX Runtime its default of one pinned thread per physical core)."""
 
     ort_spinning: bool = False
     """Let ONNX Runtime's idle intra-op threads spin between calls. Off: spinning threads hold the
@@ -85,36 +83,7 @@ class Settings(BaseSettings):
     tuning_interval_seconds: float = Field(30.0, gt=0)
     """How often the background tuner looks for a bucket to tune."""
 
-    data_dir: Path = Path("data")
-    """Root of the model store and the artifact store; survives restarts."""
-
-    max_model_bytes: int = 64 * 1024 * 1024
-    """Largest accepted ONNX upload, in bytes."""
-
-    target: str = "llvm"
-    """Default compile target: ``llvm`` (host CPU detected), ``cuda``, or a JSON target dict."""
-
-    cuda_arch: str = "sm_90"
-    """CUDA architecture of the ``cuda`` target."""
-
-    compile_timeout_seconds: float = 900.0
-    """A compile child running longer than this is killed and the compile fails."""
-
-    verify_rtol: float = 1e-3
-    """Relative tolerance of kernel verification against ONNX Runtime."""
-
-    verify_atol: float = 1e-4
-    """Absolute tolerance of kernel verification against ONNX Runtime."""
-
-    verify_seed: int = 0
-    """Seed of the random inputs used to verify kernels and check padding safety."""
-
     @property
     def model_store_dir(self) -> Path:
         """Uploaded models, one directory per name and version."""
         return self.data_dir / "models"
-
-    @property
-    def kernel_store_dir(self) -> Path:
-        """The content-addressed artifact store of compiled kernels."""
-        return self.data_dir / "kernels"

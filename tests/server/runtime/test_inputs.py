@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from compiler.errors import BadRequestError
-from compiler.service import parse_inputs
 from compiler.signature import Signature, TensorSpec
+from server.runtime.inputs import parse_inputs
 
 SIGNATURE = Signature(
     inputs=(

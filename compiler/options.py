@@ -1,0 +1,98 @@
+"""What a compile is asked to do: the compile settings (``JITSERVE_*``
+environment, shared with the server), the options of one compile, and the
+job handed to the compile child."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .buckets import Bucket
+from .tvm import PIPELINE
+
+
+class CompileSettings(BaseSettings):
+    """The settings the compiler reads; the server's settings extend this class."""
+
+    model_config = SettingsConfigDict(env_prefix="JITSERVE_", extra="ignore")
+
+    data_dir: Path = Path("data")
+    """Root of the model store and the artifact store; survives restarts."""
+
+    max_model_bytes: int = 64 * 1024 * 1024
+    """Largest accepted ONNX upload, in bytes."""
+
+    target: str = "llvm"
+    """Default compile target: ``llvm`` (host CPU detected), ``cuda``, or a JSON target dict."""
+
+    cuda_arch: str = "sm_90"
+    """CUDA architecture of the ``cuda`` target."""
+
+    kernel_threads: int = Field(0, ge=0)
+    """Threads one kernel call may use, in TVM and ONNX Runtime alike (0: TVM takes the CPU cores this
+    process may run on, ONNX Runtime its default of one pinned thread per physical core)."""
+
+    compile_timeout_seconds: float = 900.0
+    """A compile child running longer than this is killed and the compile fails."""
+
+    verify_rtol: float = 1e-3
+    """Relative tolerance of kernel verification against ONNX Runtime."""
+
+    verify_atol: float = 1e-4
+    """Absolute tolerance of kernel verification against ONNX Runtime."""
+
+    verify_seed: int = 0
+    """Seed of the random inputs used to verify kernels and check padding safety."""
+
+    @property
+    def kernel_store_dir(self) -> Path:
+        """The content-addressed artifact store of compiled kernels."""
+        return self.data_dir / "kernels"
+
+
+class CompileOptions(BaseModel):
+    """Knobs of one compile. Only ``key_options()`` enter the artifact key."""
+
+    rtol: float = Field(1e-3, description="relative tolerance of verification")
+    atol: float = Field(1e-4, description="absolute tolerance of verification")
+    seed: int = Field(0, description="seed of the random verification inputs")
+    timeout_seconds: float = Field(900.0, description="limit of one compile child process")
+    simplify: bool = Field(True, description="fold shape subgraphs with onnxsim before import")
+    tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
+    tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
+    database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
+
+    @property
+    def tier(self) -> str:
+        return "tvm-tuned" if self.tune_trials else "tvm"
+
+    def key_options(self) -> dict:
+        # The database is not in the key: a kernel compiled with whatever records existed is
+        # still verified, and keys must stay stable for a restart to find its kernels.
+        key = {"simplify": self.simplify, "pipeline": PIPELINE}
+        if self.tune_trials:
+            key["tune"] = [self.tune_trials, self.tune_trials_per_task]
+        return key
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """Everything the compile child needs; pickled across the process boundary."""
+
+    model_bytes: bytes
+    bucket: Bucket
+    dtypes: dict[str, str]
+    input_names: list[str]
+    output_names: list[str]
+    target: dict
+    library_path: str
+    rtol: float
+    atol: float
+    seed: int
+    simplify: bool
+    tune_trials: int = 0
+    tune_trials_per_task: int = 64
+    database_dir: str | None = None

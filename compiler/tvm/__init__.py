@@ -1,0 +1,13 @@
+"""TVM's compile side: the only package that imports the ONNX frontend, the
+Relax pipeline, the schedule rules, MetaSchedule and onnxsim. Its modules run
+in the compile child; importing this package itself loads no TVM.
+
+The two constants below are the pipeline's identity in every artifact key:
+a kernel built by a different pipeline is a different artifact.
+"""
+
+# The named stages of pipeline.py, in order.
+PIPELINE = "fuse+tuning-records+default-schedules"
+
+# Bump when jitserve's own build steps (pipeline.py, schedules/) change the code they generate.
+COMPILER_VERSION = "4"

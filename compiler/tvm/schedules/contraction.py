@@ -1,0 +1,293 @@
+"""Contractions: matmul, batch matmul, conv2d (incl. depthwise and padded) and
+pooling, each with its fused producers and epilogue, tiled into registers,
+vectorized and run in parallel when large."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from .base import (
+    ACCUMULATOR_VECTORS,
+    ACCUMULATOR_VECTORS_NO_REUSE,
+    PARALLEL_MIN_ELEMENTS,
+    PARALLEL_MIN_MACS,
+    LoopRV,
+    SafeRule,
+    SBlockRV,
+    block_names,
+    has_if_then_else,
+    inline_injective,
+    is_spatial,
+    loop_depth,
+    loop_extent,
+    pick_factor,
+    product_of,
+    root_blocks,
+    target_cores,
+    total_elements,
+    trivially_bound,
+    vars_of,
+    vector_lanes,
+    vectorize_innermost,
+)
+
+
+class Contraction(SafeRule):
+    """One reduction block whose innermost output axis can be vectorized: matmul,
+    batch matmul, conv2d (incl. depthwise), pooling -- with fused producers and epilogue.
+
+    The innermost output axis is vectorized (a power-of-two number of vectors; a
+    matmul whose axis has no such divisor is computed on a padded extent). An
+    output axis the vector-loaded operand does not depend on (matmul rows, conv
+    output channels) is register-blocked and unrolled, so each vector load feeds
+    several FMAs. The reduction loops sit outside that register tile, which
+    accumulates in a local buffer; the epilogue is computed per tile straight
+    from it. The outer tiles are fused and run in parallel. Plain-copy producers
+    are inlined; a padding producer is computed per channel inside the parallel
+    loop (depthwise conv) or once up front, split into a zero fill and a
+    vectorized copy of the interior.
+    """
+
+    def _schedule(self, func, target):
+        # Padding the computation is the least proven step: retry without it.
+        for allow_pad in (True, False):
+            try:
+                sch = self._try(func, target, allow_pad)
+            except Exception:  # noqa: BLE001
+                sch = None
+            if sch is not None:
+                return sch
+        return None
+
+    def _try(self, func, target, allow_pad: bool):
+        sch = s_tir.Schedule(func)
+        reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
+        if len(reductions) != 1:
+            return None
+        main_name = sch.get(reductions[0]).name_hint
+        for name in block_names(sch):
+            if name == main_name:
+                break
+            if not has_if_then_else(sch.get(sch.get_sblock(name))):  # a pad stays a stage
+                with contextlib.suppress(Exception):
+                    sch.compute_inline(sch.get_sblock(name))
+        names = block_names(sch)
+        inline_injective(sch, keep=set(names[: names.index(main_name)]))
+        found = _main_contraction(sch, main_name)
+        if found is None:
+            return None
+        main, info = found
+        lanes = vector_lanes(target, str(sch.get(main).writes[0].source.dtype))
+
+        n = info.extents[info.vec]
+        if allow_pad and n > lanes and pick_factor(n, [lanes * 2, lanes, lanes // 2]) is None:
+            padding = [1] * len(info.extents)
+            padding[info.vec] = lanes
+            sch.pad_einsum(main, padding)
+            names = block_names(sch)
+            after = names[names.index(main_name) + 1 :]
+            if len(after) > 1:  # the copy out of the padded result, then the epilogue
+                sch.compute_inline(sch.get_sblock(after[0]))
+            found = _main_contraction(sch, main_name)
+            if found is None:
+                return None
+            main, info = found
+        names = block_names(sch)
+        producers = names[: names.index(main_name)]
+        after = names[names.index(main_name) + 1 :]
+        mr, nr = _tile_sizes(info, lanes)
+
+        # A single pad indexed by plain (batch, channel) axes is computed per channel.
+        per_channel: list[int] = []
+        if len(producers) == 1:
+            plain = [p for p in _plain_iters(sch, main, producers[0], info) if p not in (info.vec, info.reg)]
+            if plain and product_of(info.extents[p] for p in plain) >= 2 * target_cores(target):
+                per_channel = plain
+
+        loops = sch.get_loops(main)
+        first: list[LoopRV] = []  # fused and parallel
+        second: list[LoopRV] = []  # serial tile loops under it (per-channel pads only)
+        reg_inner = vec_inner = None
+        for pos in info.spatial:
+            loop = loops[pos]
+            group = first if (not per_channel or pos in per_channel) else second
+            if pos == info.vec:
+                if nr < info.extents[pos]:
+                    loop, vec_inner = sch.split(loop, factors=[None, nr])
+                    group.append(loop)
+                else:
+                    vec_inner = loop
+            elif pos == info.reg and mr > 1:
+                if mr < info.extents[pos]:
+                    loop, reg_inner = sch.split(loop, factors=[None, mr])
+                    group.append(loop)
+                else:
+                    reg_inner = loop
+            else:
+                group.append(loop)
+        reduce_loops = [loops[p] for p in info.reduce]
+        sch.reorder(*first, *second, *reduce_loops, *[x for x in (reg_inner, vec_inner) if x is not None])
+        fused = sch.fuse(*first) if len(first) > 1 else (first[0] if first else None)
+        tile = second[-1] if second else fused
+        if fused is not None and product_of(info.extents) >= PARALLEL_MIN_MACS and (loop_extent(sch, fused) or 1) >= 2:
+            sch.parallel(fused)
+
+        # The tile accumulates in a local buffer; the epilogue (or a write-back) reads it per tile.
+        if after:
+            epilogue = sch.get_sblock(after[0])
+            sch.set_scope(main, 0, "local")
+        else:
+            epilogue = sch.cache_write(main, 0, "local")
+        if tile is not None:
+            sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
+            _vectorize_tile(sch, epilogue, tile)
+        # Loop kinds before decompose_reduction: the update block stops being a complete
+        # reduction block once its init is split off, and vectorize checks that.
+        if reg_inner is not None:
+            sch.unroll(reg_inner)
+        if nr > 1:
+            sch.vectorize(vec_inner)
+        _vectorize_tile(sch, sch.decompose_reduction(main, reduce_loops[0]), tile)
+
+        for name in producers:
+            block = sch.get_sblock(name)
+            if per_channel:
+                sch.compute_at(block, fused, preserve_unit_loops=True)
+                sch.set_scope(block, 0, "local")
+                fill = sch.decompose_padding(block, sch.get_loops(block)[loop_depth(sch, fused)])
+                _vectorize_tile(sch, fill, fused)
+                _vectorize_tile(sch, block, fused)
+            else:
+                _schedule_pad_stage(sch, block, lanes)
+        return sch
+
+
+@dataclass
+class _ContractionInfo:
+    spatial: list[int]  # positions of the spatial iters in the block's iter list
+    reduce: list[int]
+    vec: int  # the vectorized iter: innermost non-unit output axis
+    reg: int | None  # the register-blocked iter
+    reuse: bool  # whether the vector-loaded operands are shared across ``reg``
+    extents: list[int]
+
+
+def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionInfo | None:
+    stmt = sch.get(block)
+    if len(stmt.writes) != 1 or not trivially_bound(sch, block):
+        return None
+    iter_vars = list(stmt.iter_vars)
+    extents = [int(iv.dom.extent) for iv in iter_vars]
+    spatial = [i for i, iv in enumerate(iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [i for i, iv in enumerate(iter_vars) if iv.iter_type == tirx.IterVar.CommReduce]
+    if not reduce or not spatial or len(spatial) + len(reduce) != len(iter_vars):
+        return None
+    # The output is indexed by the spatial iters, in order.
+    out = stmt.writes[0]
+    if len(out.region) != len(spatial):
+        return None
+    if not all(rng.min.same_as(iter_vars[p].var) for rng, p in zip(out.region, spatial, strict=True)):
+        return None
+    vec = next((p for p in reversed(spatial) if extents[p] > 1), None)
+    if vec is None:
+        return None
+    vec_var = iter_vars[vec].var
+    reads = [r for r in stmt.reads if not r.source.same_as(out.source)]
+    # Vector loads must be contiguous: the vector iter may index only innermost dimensions.
+    streamed = []
+    for region in reads:
+        dims = [vars_of(r.min) for r in region.region]
+        if any(vec_var in d for d in dims[:-1]):
+            return None
+        if dims and vec_var in dims[-1]:
+            streamed.append(dims)
+    if not reads or not streamed:
+        return None
+
+    def streamed_use(p: int) -> bool:
+        return any(iter_vars[p].var in d for dims in streamed for d in dims)
+
+    # Register-block the largest axis the streamed operands do not depend on: its values are
+    # broadcast and every vector load is reused across the tile's rows.
+    candidates = [p for p in spatial if p != vec and extents[p] > 1 and not streamed_use(p)]
+    if candidates:
+        reg = max(candidates, key=lambda p: (extents[p], p))
+        return _ContractionInfo(spatial, reduce, vec, reg, True, extents)
+    # No reuse to win (depthwise conv, pooling): block the axis next to the vector one anyway,
+    # for independent accumulators.
+    before = [p for p in spatial if p < vec and extents[p] > 1]
+    return _ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents)
+
+
+def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, _ContractionInfo] | None:
+    """The contraction block and its analysis, when it has at most one epilogue."""
+    if _epilogue_count(sch, main_name) > 1:
+        return None
+    main = sch.get_sblock(main_name)
+    info = _analyze_contraction(sch, main)
+    return None if info is None else (main, info)
+
+
+def _tile_sizes(info: _ContractionInfo, lanes: int) -> tuple[int, int]:
+    """Register tile: ``mr`` rows of the register-blocked axis by ``nr`` lanes of the vector axis.
+
+    ``nr`` is a power-of-two number of vectors (or a part of one): LLVM spills odd-sized
+    vectors (48 lanes ran 3x slower than 32 in a depthwise conv).
+    """
+    nr = pick_factor(info.extents[info.vec], [lanes * 2, lanes, lanes * 4, lanes // 2, lanes // 4]) or 1
+    if info.reg is None:
+        return 1, nr
+    vectors = max(1, -(-nr // lanes))
+    budget = max(1, (ACCUMULATOR_VECTORS if info.reuse else ACCUMULATOR_VECTORS_NO_REUSE) // vectors)
+    return pick_factor(info.extents[info.reg], list(range(budget, 0, -1))) or 1, nr
+
+
+def _plain_iters(sch: s_tir.Schedule, main: SBlockRV, producer: str, info: _ContractionInfo) -> list[int]:
+    """Spatial iters that alone index a dimension of ``producer`` (batch; channel of a depthwise conv)."""
+    stmt = sch.get(main)
+    regions = [r for r in stmt.reads if r.source.name == producer]
+    if len(regions) != 1:
+        return []
+    by_var = {stmt.iter_vars[p].var: p for p in info.spatial}
+    unit = {stmt.iter_vars[p].var for p in info.reduce if info.extents[p] == 1}
+    plain = []
+    for rng in regions[0].region:
+        used = [v for v in vars_of(rng.min) if v not in unit]
+        if len(used) == 1 and used[0] in by_var:
+            plain.append(by_var[used[0]])
+    return sorted(plain)
+
+
+def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:
+    names = block_names(sch)
+    return len(names) - names.index(main_name) - 1
+
+
+def _schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
+    """A root-level pad: a zero fill plus a vectorized copy of the interior."""
+    parallel = total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS
+    if has_if_then_else(sch.get(block)):
+        fill = None
+        with contextlib.suppress(Exception):
+            fill = sch.decompose_padding(block, sch.get_loops(block)[0])
+        if fill is not None:
+            vectorize_innermost(sch, fill, lanes, parallel)
+    vectorize_innermost(sch, block, lanes, parallel)
+
+
+def _vectorize_tile(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV | None) -> None:
+    """The loops of ``block`` under ``tile``: vectorize the innermost, unroll the others."""
+    loops = sch.get_loops(block)
+    if tile is not None:
+        loops = loops[loop_depth(sch, tile) :]
+    if loops and (loop_extent(sch, loops[-1]) or 1) > 1:
+        sch.vectorize(loops[-1])
+    for loop in loops[:-1]:
+        if (loop_extent(sch, loop) or 1) > 1:
+            sch.unroll(loop)
+
+
+# --------------------------------------------------------------------------- row-reduction helpers

@@ -1,0 +1,128 @@
+"""Vectorizable float32 math: erf, exp and sigmoid rewritten as polynomials
+LLVM can vectorize (it has no vector erf and calls expf once per lane)."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+from .base import root_blocks
+
+_ERF_ALPHA = (
+    -2.72614225801306e-10,
+    2.77068142495902e-08,
+    -2.10102402082508e-06,
+    -5.69250639462346e-05,
+    -7.34990630326855e-04,
+    -2.95459980854025e-03,
+    -1.60960333262415e-02,
+)
+_ERF_BETA = (
+    -1.45660718464996e-05,
+    -2.13374055278905e-04,
+    -1.68282697438203e-03,
+    -7.37332916720468e-03,
+    -1.42647390514189e-02,
+)
+# Cephes' expf (TOPI's fast_exp) with a two-constant Cody-Waite reduction: within 1e-7
+# relative. The result is scaled by 2^(n-1) * 2 so that n covers [-126, 128]: finite up to
+# ln(FLT_MAX); below exp(-87) results flush to zero.
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+_EXP_HI = 88.72283
+_EXP_LO = -87.33654
+
+
+def _f32(value: float):
+    return tirx.const(value, "float32")
+
+
+def _erf_float32(arg):
+    x = tirx.max(tirx.min(arg, _f32(4.0)), _f32(-4.0))
+    x2 = x * x
+    p = _f32(_ERF_ALPHA[0])
+    for coefficient in _ERF_ALPHA[1:]:
+        p = p * x2 + _f32(coefficient)
+    q = _f32(_ERF_BETA[0])
+    for coefficient in _ERF_BETA[1:]:
+        q = q * x2 + _f32(coefficient)
+    return tirx.Select(tirx.isnan(arg), arg, x * p / q)  # the clamp would turn NaN into +-1
+
+
+def _exp_float32(arg):
+    x = tirx.max(tirx.min(arg, _f32(_EXP_HI)), _f32(_EXP_LO))
+    n = tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5))
+    f = x - n * _f32(0.693359375) - n * _f32(-2.12194440e-4)
+    y = _f32(_EXP_POLY[0])
+    for coefficient in _EXP_POLY[1:]:
+        y = y * f + _f32(coefficient)
+    y = y * f * f + f + _f32(1.0)
+    exponent = tirx.shift_left(tirx.Cast("int32", n + _f32(126.0)), tirx.const(23, "int32"))
+    result = y * tirx.reinterpret("float32", exponent) * _f32(2.0)
+    # Above the range, and for NaN: arg + inf is +inf, or NaN, as expf gives.
+    return tirx.Select(arg <= _f32(_EXP_HI), result, arg + _f32(float("inf")))
+
+
+def _sigmoid_float32(arg):
+    return _f32(1.0) / (_f32(1.0) + _exp_float32(-arg))
+
+
+def vectorizable_math_pass() -> tvm.transform.Pass:
+    """Rewrite the float32 erf / exp / sigmoid blocks of every unscheduled TIR function."""
+
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_vectorizable_math")
+    def _rewrite(mod: tvm.ir.IRModule, _ctx) -> tvm.ir.IRModule:
+        rewritten = {}
+        for global_var, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
+                sch = s_tir.Schedule(func)
+                if _vectorizable_math(sch):
+                    rewritten[global_var] = sch.mod["main"]
+        if not rewritten:
+            return mod
+        mod = mod.clone()  # passes must not change their input
+        for global_var, func in rewritten.items():
+            mod.update_func(global_var, func)
+        return mod
+
+    return _rewrite
+
+
+def _vectorizable_math(sch: s_tir.Schedule) -> bool:
+    """Replace float32 ``B[i] = erf(A[i])`` / ``exp`` / ``sigmoid`` blocks by polynomials.
+
+    LLVM has no vector erf (each element calls libm's erff: GELU's erf cost 4x its matmul)
+    and turns a vector exp into one expf call per lane. The polynomials vectorize.
+    Returns whether a block was rewritten.
+    """
+    changed = False
+    rewrites = {
+        tvm.ir.Op.get("tirx.erf"): _erf_float32,
+        tvm.ir.Op.get("tirx.exp"): _exp_float32,
+        tvm.ir.Op.get("tirx.sigmoid"): _sigmoid_float32,
+    }
+    for block_rv in root_blocks(sch):
+        block = sch.get(block_rv)
+        store = block.body
+        if not isinstance(store, tirx.BufferStore) or block.init is not None:
+            continue
+        call = store.value
+        if not isinstance(call, tvm.ir.Call) or str(call.ty) != "float32":
+            continue
+        rewrite = next((f for op, f in rewrites.items() if call.op.same_as(op)), None)
+        if rewrite is None:
+            continue
+        body = tirx.BufferStore(store.buffer, rewrite(call.args[0]), store.indices)
+        new_block = s_tir.SBlock(
+            block.iter_vars,
+            block.reads,
+            block.writes,
+            block.name_hint,
+            body,
+            None,
+            block.alloc_buffers,
+            block.match_buffers,
+            block.annotations,
+        )
+        sch.state.replace(sch.get_sref(block_rv), new_block, {block: new_block})
+        changed = True
+    return changed

@@ -1,0 +1,208 @@
+"""Upload -> served model: validate the bytes and the config, check which
+axes padding may change, build the served model, store it, queue its warm
+buckets. Also brings back the stored models at start."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from compiler.buckets import AxisSafety, BucketPlanner
+from compiler.build import bucket_key
+from compiler.engines import OrtEngine
+from compiler.errors import BadRequestError, ConflictError, InvalidModelError, JitServeError, UnavailableError
+from compiler.model import LoadedModel, load_model
+from compiler.options import CompileOptions
+from compiler.padding import check_axis_padding
+from compiler.target import resolve_target
+
+from ..settings import Settings
+from .records import ModelConfig, ModelRecord, ModelStore, check_model_name
+from .registry import Registry, ServedModel
+from .scheduler import CompileScheduler
+
+log = logging.getLogger("jitserve")
+
+DEFAULT_PROBE_SIZE = 32
+
+
+class Admission:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        models: ModelStore,
+        scheduler: CompileScheduler,
+        *,
+        kernel_threads: int,
+        tuning_database_dir: Path,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.models = models
+        self.scheduler = scheduler
+        self.kernel_threads = kernel_threads
+        self.tuning_database_dir = tuning_database_dir
+        # One upload or delete at a time: versions and the store stay consistent.
+        self._lock = threading.Lock()
+
+    def restore_stored(self) -> None:
+        """Serve every stored model again (its current version) and queue its warm buckets."""
+        for record, data in self.models.load_all():
+            try:
+                served = self.build_served(record, load_model(data, max_bytes=len(data)))
+            except JitServeError as exc:
+                log.error("cannot serve stored model %s: %s", record.name, exc)
+                continue
+            self.registry.put(served)
+            self.scheduler.enqueue_warm(served)
+
+    def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> ServedModel:
+        check_model_name(name)
+        with self._lock:
+            previous = self.registry.find(name)
+            if previous is not None and not replace:
+                raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
+            model = load_model(data, max_bytes=self.settings.max_model_bytes)
+            parsed = self._parse_config(model, config)
+            ort = self._ort(model, self._target(parsed))
+            record = ModelRecord(
+                name=name,
+                version=previous.record.version + 1 if previous else 1,
+                digest=model.digest,
+                config=parsed,
+                safety=self._check_padding(model, ort, parsed),
+                created_at=time.time(),
+                buckets=dict(previous.record.buckets) if previous else {},
+            )
+            try:
+                served = self.build_served(record, model, ort)
+            except BadRequestError as exc:
+                raise BadRequestError(f"config warm_buckets: {exc}") from None
+            warm = [bucket for bucket in served.all_buckets() if bucket.warm]
+            free = self.scheduler.free_slots
+            if self.scheduler.enabled and len(warm) > free:
+                raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
+            self.models.save(record, data)
+            self.registry.put(served)
+            self.scheduler.enqueue_warm(served)
+            return served
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self.registry.remove(name)
+            self.models.delete(name)
+
+    def build_served(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine | None = None) -> ServedModel:
+        config = record.config
+        target = self._target(config)
+        options = self._options(config)
+        policies = {axis: config.policy_for(axis) for axis in model.signature.axes()}
+        planner = BucketPlanner(model.signature, policies, record.safety, config.overflow)
+        served = ServedModel(
+            record,
+            model,
+            planner,
+            ort or self._ort(model, target),
+            target,
+            options,
+            key_of=lambda bucket: bucket_key(model, bucket, target, options),
+        )
+        for shapes in config.warm_buckets:
+            plan = planner.plan({k: tuple(v) for k, v in shapes.items()})
+            served.bucket_for(plan.bucket).warm = True
+        return served
+
+    # -- parts of an upload ----------------------------------------------
+
+    def _options(self, config: ModelConfig) -> CompileOptions:
+        s = self.settings
+        return CompileOptions(
+            rtol=config.rtol or s.verify_rtol,
+            atol=config.atol or s.verify_atol,
+            seed=s.verify_seed,
+            timeout_seconds=s.compile_timeout_seconds,
+            database_dir=str(self.tuning_database_dir),
+        )
+
+    def _target(self, config: ModelConfig) -> dict:
+        try:
+            return resolve_target(
+                config.target or self.settings.target, cuda_arch=self.settings.cuda_arch, num_cores=self.kernel_threads
+            )
+        except ValueError as exc:
+            raise BadRequestError(f"config: {exc}") from None
+
+    def _ort(self, model: LoadedModel, target: dict) -> OrtEngine:
+        try:
+            return OrtEngine(
+                model.data,
+                cuda=target["kind"] == "cuda",
+                threads=self.settings.kernel_threads or None,
+                spinning=self.settings.ort_spinning,
+            )
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+            raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
+
+    def _parse_config(self, model: LoadedModel, config: dict | None) -> ModelConfig:
+        try:
+            parsed = ModelConfig.model_validate(config or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise BadRequestError(f"invalid config at {where or 'top level'}: {first['msg']}") from None
+        axes = model.signature.axes()
+        for axis in parsed.axes:
+            if axis not in axes:
+                raise BadRequestError(f"config names axis {axis!r}; the model's symbolic axes are {sorted(axes)}")
+        for axis in parsed.probe_sizes:
+            if axis not in axes:
+                raise BadRequestError(f"config probe_sizes names axis {axis!r}; the model's axes are {sorted(axes)}")
+        for name in parsed.pad_values:
+            if name not in model.signature.input_names:
+                raise BadRequestError(f"config pad_values names unknown input {name!r}")
+        return parsed
+
+    def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
+        signature = model.signature
+        sizes = _probe_sizes(signature, config)
+        options = self._options(config)
+        results = {}
+        for axis in signature.axes():
+            policy = config.policy_for(axis)
+            if policy.kind == "exact":
+                results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
+                continue
+            size = sizes[axis]
+            padded = policy.bucket_size(size)
+            if padded is None or padded <= size:
+                padded = policy.bucket_size(size + 1) or size + 1
+            results[axis] = check_axis_padding(
+                ort,
+                signature,
+                axis,
+                sizes,
+                padded,
+                pad_values=config.pad_values,
+                rtol=options.rtol,
+                atol=options.atol,
+                seed=options.seed,
+            )
+        return results
+
+
+def _probe_sizes(signature, config: ModelConfig) -> dict[str, int]:
+    """Concrete sizes for every symbolic axis: config, else first warm bucket, else a default."""
+    sizes = {axis: DEFAULT_PROBE_SIZE for axis in signature.axes()}
+    if config.warm_buckets:
+        for spec in signature.inputs:
+            shape = config.warm_buckets[0].get(spec.name, [])
+            for index, axis in spec.symbolic_axes():
+                if index < len(shape):
+                    sizes[axis] = shape[index]
+    sizes.update({k: v for k, v in config.probe_sizes.items() if k in sizes})
+    return sizes

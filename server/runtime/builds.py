@@ -1,0 +1,147 @@
+"""What the compile workers and the tuner do to a bucket: build a tier (the
+plain kernel, or a tuned one), then load it and route. Both share one build
+step: compile in a child (or find the kernel stored), record the metrics,
+refuse what did not verify."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from compiler.build import CompileOutcome, compile_bucket
+from compiler.errors import JitServeError
+from compiler.options import CompileOptions
+from compiler.target import target_kind
+
+from ..settings import Settings
+from .kernel_cache import Kernels
+from .metrics import Metrics
+from .registry import ServedModel
+from .router import Router
+from .state import BucketState, ServedBucket, TuningState, TuningStatus
+
+log = logging.getLogger("jitserve")
+
+CompileFunction = Callable[..., CompileOutcome]
+
+
+@dataclass(frozen=True)
+class TierBuild:
+    """The result of one build step: a verified outcome, or why the tier cannot serve."""
+
+    outcome: CompileOutcome | None
+    failure: str | None
+    seconds: float
+
+
+class BucketBuilder:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        kernels: Kernels,
+        router: Router,
+        *,
+        compile_function: CompileFunction = compile_bucket,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.kernels = kernels
+        self.router = router
+        self._compile = compile_function
+
+    def _build(self, served: ServedModel, bucket: ServedBucket, options: CompileOptions) -> TierBuild:
+        """Compile (or find) the tier, record its compile metrics, and check that it verified."""
+        name, kind, tier = served.name, target_kind(served.target), options.tier
+        started = time.perf_counter()
+        try:
+            outcome = self._compile(served.model, bucket.bucket, served.target, self.kernels.artifacts, options)
+        except JitServeError as exc:
+            self.metrics.record_compile(model=name, target=kind, tier=tier, outcome="error", seconds=None)
+            log.warning("%s of %s %s failed: %s", tier, name, bucket.label, exc)
+            return TierBuild(None, str(exc), time.perf_counter() - started)
+        manifest = outcome.manifest
+        if not outcome.cached:
+            verdict = "ok" if manifest.verified else "verify_failed"
+            self.metrics.record_compile(
+                model=name, target=kind, tier=tier, outcome=verdict, seconds=manifest.compile_seconds
+            )
+            log.info("built %s %s %s in %.1fs (%s)", tier, name, bucket.label, manifest.compile_seconds, verdict)
+        failure = None if manifest.verified is True else f"verification against onnxruntime: {manifest.verification}"
+        return TierBuild(outcome, failure, time.perf_counter() - started)
+
+    def compile(self, served: ServedModel, bucket: ServedBucket) -> None:
+        """Make the bucket's kernel available: compile (or find it stored), load, measure, route."""
+        if not bucket.move(BucketState.COMPILING, only_from=BucketState.QUEUED):
+            return
+        reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
+        built = self._build(served, bucket, served.options)
+        if built.outcome is None:
+            bucket.fail(built.failure or "compile failed")
+            return
+        outcome = built.outcome
+        bucket.compiled(outcome.manifest.compile_seconds)
+        if reason and not outcome.cached:
+            self.metrics.record_recompile(model=served.name, reason=reason)
+        if built.failure:
+            bucket.fail(built.failure)
+            return
+        if outcome.cached:
+            self.metrics.record_reload(model=served.name)
+        kernel = self.kernels.load(bucket.key, served.model.signature, served.target)
+        if not (outcome.cached and self.router.restore(served, bucket)):
+            self.router.route(served, bucket, {"tvm": kernel})
+
+    def tune(self, served: ServedModel, bucket: ServedBucket) -> float:
+        """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
+
+        Returns the seconds spent. Requests keep being served throughout: the
+        route changes in one assignment and in-flight requests finish on the
+        engine they started with.
+        """
+        s = self.settings
+        options = served.options.model_copy(
+            update={
+                "tune_trials": s.tune_trials_per_bucket,
+                "tune_trials_per_task": s.tune_trials_per_task,
+                "timeout_seconds": s.tuning_seconds_per_bucket,
+            }
+        )
+        bucket.set_tuning(TuningStatus(state=TuningState.TUNING, trials=0, seconds=0.0))
+        built = self._build(served, bucket, options)
+        outcome = built.outcome
+        facts = (outcome.manifest.tuning if outcome else None) or {}
+        if outcome is None or not outcome.cached:
+            self.metrics.record_tuning(model=served.name, trials=facts.get("trials", 0), seconds=built.seconds)
+        status = TuningStatus(
+            state=TuningState.FAILED if built.failure else TuningState.DONE,
+            trials=facts.get("trials") if outcome else None,
+            tasks=facts.get("tasks"),
+            seconds=round(facts.get("tune_seconds", built.seconds), 1),
+            reason=built.failure,
+        )
+        if built.failure:
+            bucket.set_tuning(status)
+            self.router.remember(served, bucket)
+            return built.seconds
+        bucket.set_tuning(status, tuned_key=outcome.manifest.key)
+        signature = served.model.signature
+        kernels = {
+            "tvm": self.kernels.get_or_load(bucket.key, signature, served.target),
+            "tvm-tuned": self.kernels.load(outcome.manifest.key, signature, served.target),
+        }
+        self.router.route(served, bucket, kernels)
+        return built.seconds
+
+    @staticmethod
+    def _recompile_reason(served: ServedModel, bucket: ServedBucket) -> str | None:
+        previous = served.record.buckets.get(bucket.label)
+        if previous is None:
+            return None
+        if previous.key == bucket.key:
+            return "artifact_missing"
+        if previous.model_version != served.record.version:
+            return "new_model_version"
+        return "target_or_compiler_changed"

@@ -1,0 +1,122 @@
+"""The models being served, in memory: one :class:`ServedModel` per name.
+
+A model version is replaced whole: requests in flight finish on the version
+they started with, and the replaced version is marked retired so that its
+compiles and tuning stop touching the store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from compiler.buckets import Bucket, BucketPlanner, bucket_label
+from compiler.engines import OrtEngine
+from compiler.errors import NotFoundError
+from compiler.model import LoadedModel
+from compiler.options import CompileOptions
+
+from .records import ModelRecord
+from .state import BucketState, ServedBucket
+
+
+@dataclass
+class ServedModel:
+    """One version of one model: its record, ONNX Runtime session, bucket planner and buckets."""
+
+    record: ModelRecord
+    model: LoadedModel
+    planner: BucketPlanner
+    ort: OrtEngine
+    target: dict
+    options: CompileOptions
+    key_of: Callable[[Bucket], str]
+    buckets: dict[str, ServedBucket] = field(default_factory=dict)
+    retired: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        return {spec.name: spec.dtype for spec in self.model.signature.inputs}
+
+    def bucket_for(self, bucket: Bucket) -> ServedBucket:
+        """The bucket's lifecycle object, created on first sight."""
+        label = bucket_label(bucket)
+        with self.lock:
+            served = self.buckets.get(label)
+            if served is None:
+                served = self.buckets[label] = ServedBucket(label, bucket, self.key_of(bucket))
+            return served
+
+    def all_buckets(self) -> list[ServedBucket]:
+        with self.lock:
+            return list(self.buckets.values())
+
+    def waiting_warm_buckets(self) -> list[str]:
+        """Warm buckets neither ready nor failed yet, as ``model:bucket``."""
+        done = (BucketState.READY, BucketState.FAILED)
+        return [f"{self.name}:{b.label}" for b in self.all_buckets() if b.warm and b.state not in done]
+
+    def describe(self) -> dict:
+        record, signature = self.record, self.model.signature
+        return {
+            "name": record.name,
+            "version": record.version,
+            "digest": record.digest,
+            "target": self.target,
+            "signature": signature.to_json(),
+            "axes": {
+                axis: {
+                    "policy": self.planner.policies[axis].model_dump(),
+                    "effective_policy": self.planner.effective_policy(axis).kind,
+                    "padding_safety": record.safety[axis].model_dump() if axis in record.safety else None,
+                }
+                for axis in signature.axes()
+            },
+            "overflow": record.config.overflow,
+            "buckets": [bucket.describe() for bucket in self.all_buckets()],
+        }
+
+
+class Registry:
+    """Name -> the served version; swaps are atomic, and a replaced version is retired."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ServedModel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> ServedModel:
+        served = self._models.get(name)
+        if served is None:
+            raise NotFoundError(f"model {name!r} not found")
+        return served
+
+    def find(self, name: str) -> ServedModel | None:
+        return self._models.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def all(self) -> list[ServedModel]:
+        return list(self._models.values())
+
+    def put(self, served: ServedModel) -> None:
+        with self._lock:
+            previous = self._models.get(served.name)
+            self._models[served.name] = served
+        if previous is not None and previous is not served:
+            previous.retired = True
+
+    def remove(self, name: str) -> ServedModel:
+        with self._lock:
+            served = self._models.pop(name, None)
+        if served is None:
+            raise NotFoundError(f"model {name!r} not found")
+        served.retired = True
+        return served

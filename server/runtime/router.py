@@ -1,0 +1,72 @@
+"""Routing: time every verified engine on a bucket and serve it with the
+fastest; persist the route, and restore it after a restart without a
+compile or a re-measure."""
+
+from __future__ import annotations
+
+import logging
+
+from compiler.arrays import random_inputs
+from compiler.engines import Engine
+from compiler.store import ArtifactStore
+from compiler.timing import median_latencies_ms
+
+from ..settings import Settings
+from .metrics import Metrics
+from .records import BucketRecord, ModelStore
+from .registry import ServedModel
+from .state import ServedBucket
+
+log = logging.getLogger("jitserve")
+
+
+class Router:
+    def __init__(self, settings: Settings, metrics: Metrics, models: ModelStore, artifacts: ArtifactStore) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.models = models
+        self.artifacts = artifacts
+
+    def route(self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine]) -> str:
+        """Time ONNX Runtime and ``kernels`` on the bucket, serve it with the chosen engine, persist."""
+        inputs = random_inputs(bucket.bucket, served.dtypes, self.settings.verify_seed + 1)
+        latency = median_latencies_ms(
+            {"onnxruntime": served.ort, **kernels}, inputs, warmup=2, runs=self.settings.routing_runs
+        )
+        if self.settings.routing == "compiled":
+            route = "tvm-tuned" if "tvm-tuned" in kernels else "tvm"
+        else:
+            route = min(latency, key=latency.get)
+        bucket.serve(route, latency)
+        self.metrics.record_routing(model=served.name, engine=route)
+        log.info("routed %s %s to %s (%s)", served.name, bucket.label, route, bucket.latency_ms)
+        self.remember(served, bucket)
+        return route
+
+    def restore(self, served: ServedModel, bucket: ServedBucket) -> bool:
+        """A bucket routed by an earlier process keeps its measured route (no compile, no re-measure)."""
+        known = served.record.buckets.get(bucket.label)
+        if known is None or known.key != bucket.key or known.route is None:
+            return False
+        bucket.set_tuning(known.tuning, tuned_key=known.tuned_key)
+        routed_key = bucket.key_for(known.route)
+        manifest = self.artifacts.get(routed_key) if routed_key else None
+        if known.route != "onnxruntime" and (manifest is None or manifest.verified is not True):
+            return False
+        compiled = self.artifacts.get(bucket.key)
+        bucket.serve(known.route, known.latency_ms, compile_seconds=compiled.compile_seconds if compiled else None)
+        return True
+
+    def remember(self, served: ServedModel, bucket: ServedBucket) -> None:
+        """Persist what a restart needs: keys, measured latencies, the route, tuning."""
+        if served.retired:
+            return
+        served.record.buckets[bucket.label] = BucketRecord(
+            key=bucket.key,
+            model_version=served.record.version,
+            latency_ms=bucket.latency_ms,
+            route=bucket.route,
+            tuned_key=bucket.tuned_key,
+            tuning=bucket.tuning,
+        )
+        self.models.update_record(served.record)

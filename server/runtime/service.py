@@ -1,0 +1,139 @@
+"""The runtime's front object: builds every part from the settings and gives
+the HTTP layer the few calls it needs. Never imports FastAPI.
+
+Requests are served at once: by the bucket's verified TVM kernel when it is
+loaded, else by ONNX Runtime while one compile for the bucket runs in the
+background (single-flight, bounded queue, child processes).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+from compiler.build import compile_bucket
+from compiler.errors import JitServeError
+from compiler.store import ArtifactStore
+from compiler.threads import apply_thread_plan
+
+from ..settings import Settings
+from .admission import Admission
+from .builds import BucketBuilder, CompileFunction
+from .inference import Inference, Prediction
+from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
+from .metrics import Metrics
+from .records import ModelStore
+from .registry import Registry, ServedModel
+from .router import Router
+from .scheduler import CompileScheduler
+from .state import ServedBucket
+from .tuner import BackgroundTuner
+
+
+class ModelService:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        compile_function: CompileFunction = compile_bucket,
+        open_engine: EngineOpener = open_tvm_engine,
+    ) -> None:
+        """``compile_function`` and ``open_engine`` default to the real compiler and TVM; tests pass fakes."""
+        self.settings = settings
+        self.metrics = metrics
+        kernel_threads = apply_thread_plan(settings.kernel_threads)
+        self.models_store = ModelStore(settings.model_store_dir)
+        self.artifacts = ArtifactStore(settings.kernel_store_dir)
+        cache = KernelCache(
+            settings.kernel_cache_entries, settings.kernel_cache_bytes, on_evict=lambda _: metrics.record_eviction()
+        )
+        self.kernels = Kernels(cache, self.artifacts, metrics, open_engine)
+        self.registry = Registry()
+        self.router = Router(settings, metrics, self.models_store, self.artifacts)
+        self.builder = BucketBuilder(settings, metrics, self.kernels, self.router, compile_function=compile_function)
+        self.scheduler = CompileScheduler(
+            settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
+        )
+        self.admission = Admission(
+            settings,
+            self.registry,
+            self.models_store,
+            self.scheduler,
+            kernel_threads=kernel_threads,
+            tuning_database_dir=self.tuning_database_dir,
+        )
+        self.inference = Inference(
+            self.registry,
+            self.kernels,
+            metrics,
+            threads=settings.inference_threads,
+            queue_size=settings.inference_queue_size,
+            first_sight=self._first_sight,
+        )
+        self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self.admission.restore_stored()
+        if self.jit_enabled and self.settings.tuning_enabled:
+            self.tuner.start()
+
+    def close(self) -> None:
+        self.tuner.stop()
+        self.scheduler.close()
+        self.inference.close()
+
+    @property
+    def jit_enabled(self) -> bool:
+        return self.scheduler.enabled
+
+    @property
+    def tuning_database_dir(self) -> Path:
+        """The MetaSchedule database shared by every bucket, applied at every compile."""
+        return self.artifacts.root / "tuning"
+
+    # -- models ----------------------------------------------------------
+
+    @property
+    def model_names(self) -> list[str]:
+        return self.registry.names
+
+    def get(self, name: str) -> ServedModel:
+        return self.registry.get(name)
+
+    def describe(self, name: str) -> dict:
+        return self.registry.get(name).describe()
+
+    def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> dict:
+        return self.admission.register(name, data, config, replace=replace).describe()
+
+    def delete(self, name: str) -> None:
+        self.admission.delete(name)
+
+    def ready(self) -> tuple[bool, list[str]]:
+        """Ready once every warm bucket is ready or failed; the ones still waiting otherwise."""
+        if not self.jit_enabled:
+            return True, []
+        waiting = [label for served in self.registry.all() for label in served.waiting_warm_buckets()]
+        return not waiting, waiting
+
+    # -- predictions -----------------------------------------------------
+
+    def submit_predict(self, name: str, inputs: Any) -> concurrent.futures.Future[Prediction]:
+        return self.inference.submit(name, inputs)
+
+    def predict(self, name: str, inputs: Any) -> Prediction:
+        return self.inference.predict(name, inputs)
+
+    def reject_request(self, name: str | None, error: JitServeError) -> None:
+        """Count a prediction refused before it reached a model (bad body, full pool)."""
+        self.inference.reject(name, error)
+
+    def _first_sight(self, served: ServedModel, bucket: ServedBucket) -> None:
+        """A bucket no request has used yet: restore its route from an earlier process, else queue its compile."""
+        if not self.router.restore(served, bucket):
+            self.scheduler.enqueue(served, bucket)

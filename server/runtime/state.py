@@ -1,0 +1,150 @@
+"""The lifecycle of one bucket of one served model, as a typed state machine.
+
+    new ──► queued ──► compiling ──► ready ◄─┐ (re-routed after tuning)
+     │  ◄──┘ (queue full)     └──► failed     │
+     └──────────────────────────► ready ─────┘ (route restored from an earlier process)
+
+Every write goes through a method that takes the bucket's lock; a move the
+table does not allow raises :class:`IllegalTransitionError`. Counters are
+updated under the same lock, so concurrent requests never lose a hit.
+"""
+
+from __future__ import annotations
+
+import threading
+from enum import StrEnum
+
+from pydantic import BaseModel, model_serializer
+
+from compiler.buckets import Bucket
+from compiler.errors import IllegalTransitionError
+
+
+class BucketState(StrEnum):
+    NEW = "new"
+    QUEUED = "queued"
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+LEGAL_MOVES: dict[BucketState, frozenset[BucketState]] = {
+    BucketState.NEW: frozenset({BucketState.QUEUED, BucketState.READY}),
+    BucketState.QUEUED: frozenset({BucketState.NEW, BucketState.COMPILING}),
+    BucketState.COMPILING: frozenset({BucketState.READY, BucketState.FAILED}),
+    BucketState.READY: frozenset({BucketState.READY}),
+    BucketState.FAILED: frozenset(),
+}
+
+
+class TuningState(StrEnum):
+    TUNING = "tuning"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TuningStatus(BaseModel):
+    """Background tuning of one bucket, as shown in ``GET /models/{name}`` and persisted."""
+
+    state: TuningState
+    trials: int | None = None
+    tasks: int | None = None
+    seconds: float | None = None
+    reason: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_known(self, handler) -> dict:
+        # A fact that is not known (no trials before a failure) is left out rather than null.
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ServedBucket:
+    """One bucket of a served model: its state, route, measured latencies, tuning and hits."""
+
+    def __init__(self, label: str, bucket: Bucket, key: str, *, warm: bool = False) -> None:
+        self.label = label
+        self.bucket = bucket
+        self.key = key
+        self.warm = warm
+        self.state = BucketState.NEW
+        self.reason: str | None = None
+        self.compile_seconds: float | None = None
+        self.route: str | None = None
+        self.latency_ms: dict[str, float] = {}
+        self.tuned_key: str | None = None
+        self.tuning: TuningStatus | None = None
+        self._hits = 0
+        self._lock = threading.Lock()
+
+    # -- transitions -----------------------------------------------------
+
+    def move(self, to: BucketState, *, only_from: BucketState | None = None, reason: str | None = None) -> bool:
+        """Move to ``to``; False (and no change) when ``only_from`` is given and the state is another."""
+        with self._lock:
+            if only_from is not None and self.state is not only_from:
+                return False
+            self._check(to)
+            self.state, self.reason = to, reason
+            return True
+
+    def fail(self, reason: str) -> None:
+        self.move(BucketState.FAILED, reason=reason)
+
+    def serve(self, route: str, latency_ms: dict[str, float], *, compile_seconds: float | None = None) -> None:
+        """Ready, served by ``route`` (first routing, a restored route or a re-route after tuning)."""
+        with self._lock:
+            self._check(BucketState.READY)
+            self.state, self.reason, self.route = BucketState.READY, None, route
+            self.latency_ms = {engine: round(ms, 4) for engine, ms in latency_ms.items()}
+            if compile_seconds is not None:
+                self.compile_seconds = compile_seconds
+
+    def _check(self, to: BucketState) -> None:
+        if to not in LEGAL_MOVES[self.state]:
+            raise IllegalTransitionError(f"bucket {self.label}: {self.state} -> {to} is not a legal move")
+
+    # -- facts that are not states ---------------------------------------
+
+    def compiled(self, seconds: float) -> None:
+        with self._lock:
+            self.compile_seconds = seconds
+
+    def set_tuning(self, status: TuningStatus | None, *, tuned_key: str | None = None) -> None:
+        with self._lock:
+            self.tuning = status
+            if tuned_key is not None:
+                self.tuned_key = tuned_key
+
+    def record_hit(self) -> int:
+        with self._lock:
+            self._hits += 1
+            return self._hits
+
+    @property
+    def hits(self) -> int:
+        return self._hits
+
+    @property
+    def serves_kernel_key(self) -> str | None:
+        """The artifact key of the kernel serving this bucket; None while ONNX Runtime serves it."""
+        if self.state is not BucketState.READY:
+            return None
+        return self.key_for(self.route)
+
+    def key_for(self, engine: str | None) -> str | None:
+        return {"tvm": self.key, "tvm-tuned": self.tuned_key}.get(engine or "")
+
+    def describe(self) -> dict:
+        with self._lock:
+            return {
+                "bucket": self.label,
+                "shapes": {k: list(v) for k, v in self.bucket.items()},
+                "state": self.state.value,
+                "reason": self.reason,
+                "engine": self.route if self.state is BucketState.READY and self.route else "onnxruntime",
+                "latency_ms": dict(self.latency_ms),
+                "compile_seconds": self.compile_seconds,
+                "hits": self._hits,
+                "warm": self.warm,
+                "tuning": self.tuning.model_dump(mode="json") if self.tuning else None,
+            }
