@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -22,11 +23,16 @@ from .settings import Settings
 log = logging.getLogger("jitserve")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    service_factory: Callable[[Settings, Metrics], ModelService] = ModelService,
+) -> FastAPI:
+    """The app over a runtime built by ``service_factory`` (tests give it a fake compiler)."""
     settings = settings or Settings()
     check_exposure(settings)
     metrics = Metrics()
-    service = ModelService(settings, metrics)
+    service = service_factory(settings, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -42,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.service = service
     app.include_router(router)
+    _document_errors_as_they_are(app)
 
     # The one place errors become HTTP: always {"error": "..."}.
     @app.exception_handler(JitServeError)
@@ -65,3 +72,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
 
     return app
+
+
+def _document_errors_as_they_are(app: FastAPI) -> None:
+    """Request validation errors answer 400 ``{"error": ...}`` (see the handler above), so drop the
+    422 ``HTTPValidationError`` responses FastAPI documents on every route with parameters."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = generate()
+            for item in schema["paths"].values():
+                for operation in item.values():
+                    responses = operation.get("responses", {})
+                    if "HTTPValidationError" in str(responses.get("422", "")):
+                        del responses["422"]
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,124 @@
+"""Fakes for in-process runtime tests: a compiler that writes real artifacts
+into the real store without TVM (and can be held at a gate), and kernels
+that compute with ONNX Runtime at a chosen extra latency."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from compiler.build import CompileOutcome, bucket_key
+from compiler.engines import Engine, OrtEngine
+from compiler.store import LIBRARY_NAME, ArtifactStore, Manifest
+from compiler.tvm import COMPILER_VERSION
+from server.runtime.metrics import Metrics
+from server.runtime.service import ModelService
+from server.settings import Settings
+
+
+class FakeCompiler:
+    """Stands in for ``compile_bucket``: counts compiles per key, blocks while the gate is closed."""
+
+    def __init__(self, *, verified: bool = True) -> None:
+        self.verified = verified
+        self.calls: Counter[str] = Counter()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+    def __call__(self, model, bucket, target, store: ArtifactStore, options) -> CompileOutcome:
+        key = bucket_key(model, bucket, target, options)
+        existing = store.get(key)
+        if existing is not None:
+            return CompileOutcome(existing, True, str(store.library_path(key)))
+        self.calls[key] += 1
+        self.started.set()
+        assert self.gate.wait(30), "the test never opened the compile gate"
+        with store.staging(key) as staging:
+            (staging / LIBRARY_NAME).write_bytes(b"not a real library")
+            manifest = Manifest(
+                key=key,
+                model_digest=model.digest,
+                bucket={k: list(v) for k, v in bucket.items()},
+                target=target,
+                tvm_version=f"fake-{COMPILER_VERSION}",
+                options=options.key_options(),
+                compile_seconds=0.01,
+                simplified=True,
+                verified=self.verified,
+                verification="ok" if self.verified else "output 'probs' differs by up to 1",
+                max_abs_error=0.0,
+                rtol=options.rtol,
+                atol=options.atol,
+                library_bytes=18,
+                created_at=time.time(),
+                tuning={"trials": options.tune_trials, "tasks": 1, "tune_seconds": 0.01}
+                if options.tune_trials
+                else None,
+            )
+            manifest = store.commit(staging, manifest)
+        return CompileOutcome(manifest, False, str(store.library_path(key)))
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+class SlowEngine:
+    """Any engine plus a fixed delay per call; ``hold`` blocks calls until released."""
+
+    name = "slow"
+
+    def __init__(self, inner: Engine, delay: float = 0.0) -> None:
+        self.inner = inner
+        self.delay = delay
+        self.hold = threading.Event()
+        self.hold.set()
+        self.entered = threading.Event()
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.entered.set()
+        assert self.hold.wait(30), "the test never released the engine"
+        if self.delay:
+            time.sleep(self.delay)
+        return self.inner.run(inputs)
+
+
+class FakeKernels:
+    """``open_engine`` for the runtime: a "kernel" computing with ONNX Runtime on the model's bytes."""
+
+    def __init__(self, model_bytes: bytes, delay: float = 0.0) -> None:
+        self.model_bytes = model_bytes
+        self.delay = delay
+        self.opened: list[Path] = []
+
+    def __call__(self, library: Path, signature, target) -> Engine:
+        assert Path(library).is_file()
+        self.opened.append(Path(library))
+        return SlowEngine(OrtEngine(self.model_bytes, spinning=False), self.delay)
+
+
+def make_service(data_dir: Path, compiler: FakeCompiler, kernels: FakeKernels, **settings) -> ModelService:
+    defaults = {"demo_model": False, "tuning_enabled": False, "routing_runs": 3}
+    service = ModelService(
+        Settings(data_dir=data_dir, **(defaults | settings)),
+        Metrics(),
+        compile_function=compiler,
+        open_engine=kernels,
+    )
+    service.start()
+    return service
+
+
+def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,201 @@
+"""The runtime in-process, with a fake compiler and fake kernels: single-flight,
+the full queue, route choice and restore, replace and retire in flight."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+from compiler.demo import DEMO_CONFIG, demo_model_bytes
+from compiler.engines import OrtEngine
+from compiler.errors import NotFoundError, UnavailableError
+from server.runtime.state import BucketState
+from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, make_service, wait_until
+
+DEMO = demo_model_bytes()
+CONFIG = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 64}}}
+REFERENCE = OrtEngine(DEMO)
+
+
+def rows(n: int) -> list[list[float]]:
+    return np.arange(n * 4, dtype=np.float32).reshape(n, 4).tolist()
+
+
+def expected(n: int) -> np.ndarray:
+    return REFERENCE.run({"x": np.asarray(rows(n), dtype=np.float32)})["probs"]
+
+
+def bucket_state(service, label: str, name: str = "m") -> BucketState | None:
+    bucket = service.get(name).buckets.get(label)
+    return bucket.state if bucket else None
+
+
+@pytest.fixture
+def compiler():
+    compiler = FakeCompiler()
+    yield compiler
+    compiler.gate.set()  # never leave a worker blocked
+
+
+def test_one_compile_per_bucket_under_concurrent_requests(tmp_path, compiler):
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), routing="compiled")
+    try:
+        service.register("m", DEMO, CONFIG)
+        compiler.gate.clear()
+        sizes = [1, 3] * 24  # buckets x=1x4 and x=4x4
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda n: (n, service.predict("m", {"x": rows(n)})), sizes))
+        for n, prediction in answers:
+            assert prediction.engine == "onnxruntime"
+            np.testing.assert_allclose(prediction.outputs["probs"], expected(n), rtol=1e-6)
+        compiler.gate.set()
+        wait_until(lambda: service.ready()[0] and bucket_state(service, "x=4x4") is BucketState.READY)
+        wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
+        assert sorted(compiler.calls.values()) == [1, 1]
+        prediction = service.predict("m", {"x": rows(3)})
+        assert (prediction.engine, prediction.bucket, prediction.outputs["probs"].shape) == ("tvm", "x=4x4", (3, 3))
+        np.testing.assert_allclose(prediction.outputs["probs"], expected(3), rtol=1e-6)
+        hits = {b["bucket"]: b["hits"] for b in service.describe("m")["buckets"]}
+        assert hits == {"x=1x4": 24, "x=4x4": 25}
+    finally:
+        service.close()
+
+
+def test_full_queue_serves_through_onnxruntime_and_queues_again_later(tmp_path, compiler):
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), compile_queue_size=1)
+    try:
+        service.register("m", DEMO, CONFIG)
+        compiler.gate.clear()
+        service.predict("m", {"x": rows(1)})
+        wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.COMPILING)
+        service.predict("m", {"x": rows(2)})  # takes the one queue slot
+        prediction = service.predict("m", {"x": rows(3)})  # queue full: served, bucket left new
+        assert prediction.engine == "onnxruntime"
+        assert bucket_state(service, "x=2x4") is BucketState.QUEUED
+        assert bucket_state(service, "x=4x4") is BucketState.NEW
+        with pytest.raises(UnavailableError, match="compile queue is full"):
+            service.register("warm", DEMO, DEMO_CONFIG | {"warm_buckets": [{"x": [8, 4]}]})
+        assert "warm" not in service.model_names
+        compiler.gate.set()
+        wait_until(lambda: bucket_state(service, "x=2x4") is BucketState.READY)
+        service.predict("m", {"x": rows(3)})  # the next request for it queues it
+        wait_until(lambda: bucket_state(service, "x=4x4") is BucketState.READY)
+        assert compiler.total == 3
+    finally:
+        service.close()
+
+
+def test_failed_verification_leaves_the_bucket_on_onnxruntime(tmp_path):
+    compiler = FakeCompiler(verified=False)
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO))
+    try:
+        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        wait_until(lambda: service.ready()[0])
+        described = service.describe("m")["buckets"][0]
+        assert described["state"] == "failed"
+        assert described["reason"].startswith("verification against onnxruntime")
+        assert service.predict("m", {"x": rows(1)}).engine == "onnxruntime"
+        assert compiler.total == 1  # a failed bucket is not compiled again
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize(("kernel_delay", "ort_delay", "route"), [(0.003, 0.0, "onnxruntime"), (0.0, 0.003, "tvm")])
+def test_route_goes_to_the_faster_engine(tmp_path, compiler, kernel_delay, ort_delay, route):
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO, delay=kernel_delay))
+    try:
+        served = service.admission.register("m", DEMO, CONFIG)
+        served.ort = SlowEngine(served.ort, ort_delay)
+        service.predict("m", {"x": rows(1)})
+        wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
+        described = service.describe("m")["buckets"][0]
+        assert described["engine"] == route
+        assert set(described["latency_ms"]) == {"onnxruntime", "tvm"}
+        assert service.predict("m", {"x": rows(1)}).engine == route
+    finally:
+        service.close()
+
+
+def test_route_is_restored_after_restart_without_compile_or_timing(tmp_path, compiler):
+    kernels = FakeKernels(DEMO)
+    first = make_service(tmp_path, compiler, kernels, routing="compiled")
+    try:
+        first.register("m", DEMO, CONFIG)
+        first.predict("m", {"x": rows(2)})
+        wait_until(lambda: bucket_state(first, "x=2x4") is BucketState.READY)
+        latency = first.describe("m")["buckets"][0]["latency_ms"]
+    finally:
+        first.close()
+
+    again = FakeCompiler()
+    second = make_service(tmp_path, again, kernels, routing="compiled")
+    try:
+        assert second.model_names == ["m"]
+        prediction = second.predict("m", {"x": rows(2)})
+        assert prediction.engine == "tvm"  # the first request, already on the kernel
+        np.testing.assert_allclose(prediction.outputs["probs"], expected(2), rtol=1e-6)
+        described = second.describe("m")["buckets"][0]
+        assert (described["state"], described["latency_ms"]) == ("ready", latency)
+        assert again.total == 0
+        routed = second.metrics.routing.labels("m", "tvm")._value.get()
+        assert routed == 0  # restored, not re-measured
+    finally:
+        second.close()
+
+
+def test_replace_and_delete_with_requests_in_flight(tmp_path, compiler):
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), compile_workers=0)
+    try:
+        v1 = service.admission.register("m", DEMO, CONFIG)
+        slow = v1.ort = SlowEngine(v1.ort)
+        slow.hold.clear()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            in_flight = pool.submit(service.predict, "m", {"x": rows(1)})
+            assert slow.entered.wait(10)
+            v2 = service.admission.register("m", DEMO, CONFIG, replace=True)
+            assert v1.retired and not v2.retired
+            assert service.predict("m", {"x": rows(1)}).version == 2
+            slow.hold.set()
+            assert in_flight.result(10).version == 1
+
+            slow2 = v2.ort = SlowEngine(v2.ort)
+            slow2.hold.clear()
+            in_flight = pool.submit(service.predict, "m", {"x": rows(1)})
+            assert slow2.entered.wait(10)
+            service.delete("m")
+            with pytest.raises(NotFoundError):
+                service.predict("m", {"x": rows(1)})
+            slow2.hold.set()
+            finished = in_flight.result(10)
+            assert finished.version == 2
+            np.testing.assert_allclose(finished.outputs["probs"], expected(1), rtol=1e-6)
+        assert v2.retired
+        assert not (tmp_path / "models" / "m").exists()
+    finally:
+        service.close()
+
+
+def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO))
+    try:
+        v1 = service.admission.register("m", DEMO, CONFIG)
+        compiler.gate.clear()
+        service.predict("m", {"x": rows(1)})
+        wait_until(lambda: v1.buckets["x=1x4"].state is BucketState.COMPILING)
+        service.predict("m", {"x": rows(2)})
+        assert v1.buckets["x=2x4"].state is BucketState.QUEUED
+        other = FakeCompiler()
+        other.gate.clear()
+        service.builder._compile = other  # what runs next for any model
+        service.admission.register("m", DEMO, CONFIG | {"rtol": 0.5}, replace=True)
+        compiler.gate.set()
+        v2 = service.get("m")
+        service.scheduler.enqueue(v2, v2.bucket_for({"x": (8, 4)}))  # queued behind v1's
+        wait_until(other.started.is_set, what="the new version's compile")
+        other.gate.set()
+        assert v1.buckets["x=2x4"].state is BucketState.QUEUED  # skipped: its version is retired
+        assert list(other.calls) == [v2.buckets["x=8x4"].key]
+    finally:
+        service.close()

@@ -1,0 +1,140 @@
+"""The bucket lifecycle: every legal move works, every other one is refused."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from compiler.errors import IllegalTransitionError
+from server.runtime.records import BucketRecord
+from server.runtime.state import LEGAL_MOVES, BucketState, ServedBucket, TuningState, TuningStatus
+
+ALL_MOVES = list(itertools.product(BucketState, BucketState))
+
+
+def bucket_in(state: BucketState) -> ServedBucket:
+    """A bucket brought to ``state`` through legal moves only."""
+    bucket = ServedBucket("x=1x4", {"x": (1, 4)}, "k" * 64)
+    path = {
+        BucketState.NEW: [],
+        BucketState.QUEUED: [BucketState.QUEUED],
+        BucketState.COMPILING: [BucketState.QUEUED, BucketState.COMPILING],
+        BucketState.READY: [BucketState.QUEUED, BucketState.COMPILING, BucketState.READY],
+        BucketState.FAILED: [BucketState.QUEUED, BucketState.COMPILING, BucketState.FAILED],
+    }[state]
+    for step in path:
+        bucket.move(step)
+    assert bucket.state is state
+    return bucket
+
+
+@pytest.mark.parametrize(("start", "to"), [m for m in ALL_MOVES if m[1] in LEGAL_MOVES[m[0]]])
+def test_legal_moves(start, to):
+    bucket = bucket_in(start)
+    assert bucket.move(to, reason="why") is True
+    assert bucket.state is to
+    assert bucket.reason == "why"
+
+
+@pytest.mark.parametrize(("start", "to"), [m for m in ALL_MOVES if m[1] not in LEGAL_MOVES[m[0]]])
+def test_illegal_moves_are_refused_and_change_nothing(start, to):
+    bucket = bucket_in(start)
+    with pytest.raises(IllegalTransitionError, match=f"{start} -> {to}"):
+        bucket.move(to)
+    assert bucket.state is start
+
+
+def test_the_table_covers_the_lifecycle():
+    legal = {(a, b) for a, targets in LEGAL_MOVES.items() for b in targets}
+    assert legal == {
+        (BucketState.NEW, BucketState.QUEUED),
+        (BucketState.NEW, BucketState.READY),
+        (BucketState.QUEUED, BucketState.NEW),
+        (BucketState.QUEUED, BucketState.COMPILING),
+        (BucketState.COMPILING, BucketState.READY),
+        (BucketState.COMPILING, BucketState.FAILED),
+        (BucketState.READY, BucketState.READY),
+    }
+    assert LEGAL_MOVES[BucketState.FAILED] == frozenset()
+
+
+def test_only_from_is_a_compare_and_set():
+    bucket = bucket_in(BucketState.QUEUED)
+    assert bucket.move(BucketState.QUEUED, only_from=BucketState.NEW) is False
+    assert bucket.state is BucketState.QUEUED
+    assert bucket.move(BucketState.COMPILING, only_from=BucketState.QUEUED) is True
+
+
+def test_one_of_many_racing_threads_wins_the_queue_slot():
+    bucket = bucket_in(BucketState.NEW)
+    start = threading.Barrier(16)
+    wins = []
+
+    def race():
+        start.wait()
+        wins.append(bucket.move(BucketState.QUEUED, only_from=BucketState.NEW))
+
+    threads = [threading.Thread(target=race) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wins.count(True) == 1
+
+
+def test_serve_sets_route_and_latencies_from_new_compiling_or_ready():
+    for start in (BucketState.NEW, BucketState.COMPILING, BucketState.READY):
+        bucket = bucket_in(start)
+        bucket.serve("tvm", {"onnxruntime": 0.123456789, "tvm": 0.05}, compile_seconds=1.5)
+        assert (bucket.state, bucket.route, bucket.compile_seconds) == (BucketState.READY, "tvm", 1.5)
+        assert bucket.latency_ms == {"onnxruntime": 0.1235, "tvm": 0.05}
+        assert bucket.serves_kernel_key == bucket.key
+    for start in (BucketState.QUEUED, BucketState.FAILED):
+        with pytest.raises(IllegalTransitionError):
+            bucket_in(start).serve("tvm", {})
+
+
+def test_kernel_key_only_while_ready_on_a_kernel():
+    bucket = bucket_in(BucketState.COMPILING)
+    assert bucket.serves_kernel_key is None
+    bucket.serve("onnxruntime", {})
+    assert bucket.serves_kernel_key is None
+    bucket.set_tuning(TuningStatus(state=TuningState.DONE, trials=4), tuned_key="t" * 64)
+    bucket.serve("tvm-tuned", {})
+    assert bucket.serves_kernel_key == "t" * 64
+
+
+def test_hits_are_not_lost_under_concurrency():
+    bucket = bucket_in(BucketState.NEW)
+
+    def hit():
+        for _ in range(20_000):
+            bucket.record_hit()
+
+    threads = [threading.Thread(target=hit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert bucket.hits == 160_000
+    assert bucket.describe()["hits"] == 160_000
+
+
+def test_tuning_status_leaves_unknown_facts_out_and_old_records_still_load():
+    assert TuningStatus(state=TuningState.FAILED, reason="boom").model_dump(mode="json") == {
+        "state": "failed",
+        "reason": "boom",
+    }
+    assert TuningStatus(state=TuningState.TUNING, trials=0, seconds=0.0).model_dump(mode="json") == {
+        "state": "tuning",
+        "trials": 0,
+        "seconds": 0.0,
+    }
+    # Records written before tuning was typed hold {} for "never tuned".
+    assert BucketRecord.model_validate({"key": "k", "model_version": 1, "tuning": {}}).tuning is None
+    done = BucketRecord.model_validate({"key": "k", "model_version": 1, "tuning": {"state": "done", "trials": 3}})
+    assert done.tuning == TuningStatus(state=TuningState.DONE, trials=3)
+    with pytest.raises(ValueError):
+        BucketRecord.model_validate({"key": "k", "model_version": 1, "tuning": {"state": "bogus"}})
