@@ -6,7 +6,8 @@
 
 Tuned records (MetaSchedule, when a database is given) are applied before
 the default schedules, which skip functions already scheduled. Runs in the
-compile child only (imports TVM).
+compile child only (imports TVM). The stages' identity in artifact keys is
+``compiler.tvm.PIPELINE`` (with ``COMPILER_VERSION``): change them together.
 """
 
 from __future__ import annotations
