@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from compiler.engines import Engine
-from compiler.errors import JitServeError, UnavailableError
+from compiler.errors import JitServeError, NotFoundError, UnavailableError
 
 from .inputs import parse_inputs
 from .kernel_cache import Kernels
@@ -91,7 +91,7 @@ class Inference:
         served = self.registry.find(name)
         if served is None:
             self.metrics.record_request(model="", engine="none", code=404)
-            self.registry.get(name)  # raises the 404
+            raise NotFoundError(f"model {name!r} not found")
         engine_name = "none"
         try:
             arrays = parse_inputs(served.model.signature, inputs)
