@@ -8,6 +8,9 @@ from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+from .errors import BadRequestError
 
 
 class Engine(Protocol):
@@ -37,7 +40,17 @@ class OrtEngine:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self.session.run(None, inputs), strict=True))
+        try:
+            outputs = self.session.run(None, inputs)
+        except InvalidArgument as exc:  # the input's fault (e.g. an index out of range): a 400, not a 500
+            raise BadRequestError(f"onnxruntime refused the input: {_status_message(exc)}") from None
+        return dict(zip(self.output_names, outputs, strict=True))
+
+
+def _status_message(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    _, found, message = text.partition("Status Message: ")
+    return message if found else text.rpartition(" : ")[2]
 
 
 class TvmEngine:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import InvalidModelError, PayloadTooLargeError
+from .indices import IndexBounds, index_bounds
 from .signature import Signature, read_signature
 
 # TVM's Relax ONNX importer implements converters from opset 1 onwards but is
@@ -19,12 +20,13 @@ MIN_OPSET = 7
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A validated model: the proto, its raw bytes, digest and signature."""
+    """A validated model: the proto, its raw bytes, digest, signature and the ranges of its index inputs."""
 
     proto: onnx.ModelProto
     data: bytes
     digest: str
     signature: Signature
+    index_bounds: IndexBounds = field(default_factory=IndexBounds)
 
     @property
     def opset(self) -> int:
@@ -110,7 +112,7 @@ def load_model(
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError(f"onnx checker: {first_line}") from None
-    return LoadedModel(proto, data, model_digest(data), read_signature(proto))
+    return LoadedModel(proto, data, model_digest(data), read_signature(proto), index_bounds(proto))
 
 
 def load_model_file(path: str, *, max_bytes: int, **kwargs) -> LoadedModel:

@@ -242,3 +242,25 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
         initializer=inits,
     )
     return make_model(graph).SerializeToString()
+
+
+def embedding_model(vocab: int = 50, dim: int = 8, *, computed_index: bool = False) -> bytes:
+    """``y = ReduceMean(Gather(table, ids), axis=1)`` over ``ids: [batch, seq]`` int64: a text
+    encoder's embedding. With ``computed_index`` the table is indexed by ``ids + 1``, a value no
+    request can be range-checked by (jitserve then never serves it with a kernel)."""
+    rng = np.random.default_rng(99)
+    table = numpy_helper.from_array(rng.standard_normal((vocab, dim)).astype(np.float32), "table")
+    one = numpy_helper.from_array(np.array(1, dtype=np.int64), "one")
+    nodes = [helper.make_node("Add", ["ids", "one"], ["shifted"])] if computed_index else []
+    nodes += [
+        helper.make_node("Gather", ["table", "shifted" if computed_index else "ids"], ["emb"], name="embedding"),
+        helper.make_node("ReduceMean", ["emb"], ["y"], axes=[1], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embedding",
+        [value("ids", "int64", ["batch", "seq"])],
+        [value("y", "float32", ["batch", dim])],
+        initializer=[table, one] if computed_index else [table],
+    )
+    return make_model(graph).SerializeToString()

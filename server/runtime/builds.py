@@ -76,6 +76,10 @@ class BucketBuilder:
         """Make the bucket's kernel available: compile (or find it stored), load, measure, route."""
         if not bucket.move(BucketState.COMPILING, only_from=BucketState.QUEUED):
             return
+        unchecked = served.model.index_bounds.unchecked
+        if unchecked:  # a kernel would read out of bounds on some input ONNX Runtime refuses
+            bucket.fail(f"not compiled: {unchecked[0].describe()}; onnxruntime serves it")
+            return
         reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
         built = self._build(served, bucket, served.options)
         if built.outcome is None:

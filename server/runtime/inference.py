@@ -94,7 +94,7 @@ class Inference:
             raise NotFoundError(f"model {name!r} not found")
         engine_name = "none"
         try:
-            arrays = parse_inputs(served.model.signature, inputs)
+            arrays = parse_inputs(served.model.signature, inputs, served.model.index_bounds.ranges)
             plan = served.planner.plan({k: v.shape for k, v in arrays.items()})
             bucket = served.bucket_for(plan.bucket)
             bucket.record_hit()

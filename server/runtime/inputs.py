@@ -10,7 +10,9 @@ from compiler.errors import BadRequestError
 from compiler.signature import Signature
 
 
-def parse_inputs(signature: Signature, inputs: Any) -> dict[str, np.ndarray]:
+def parse_inputs(
+    signature: Signature, inputs: Any, index_ranges: dict[str, tuple[int, int, str]] | None = None
+) -> dict[str, np.ndarray]:
     """JSON values -> arrays of the model's dtypes; 400 naming what is wrong."""
     if not isinstance(inputs, dict):
         raise BadRequestError("'inputs' must be an object mapping input names to nested lists")
@@ -46,4 +48,8 @@ def parse_inputs(signature: Signature, inputs: Any) -> dict[str, np.ndarray]:
         if want.kind == "b" and array.size and not np.all((array == 0) | (array == 1)):
             raise BadRequestError(f"input {spec.name!r} has dtype bool: values must be 0/1 or true/false")
         arrays[spec.name] = np.ascontiguousarray(array.astype(want))
+    for name, (low, high, indexed) in (index_ranges or {}).items():
+        values = arrays[name]
+        if values.size and (values.min() < low or values.max() > high):
+            raise BadRequestError(f"input {name!r} has values outside [{low}, {high}]: it indexes {indexed}")
     return arrays
