@@ -71,8 +71,13 @@ class CompileOptions(BaseModel):
 
     def key_options(self) -> dict:
         # The database is not in the key: a kernel compiled with whatever records existed is
-        # still verified, and keys must stay stable for a restart to find its kernels.
-        key = {"simplify": self.simplify, "pipeline": PIPELINE}
+        # still verified, and keys must stay stable for a restart to find its kernels. The
+        # verification settings are: a stored verdict holds only for what it was judged at.
+        key = {
+            "simplify": self.simplify,
+            "pipeline": PIPELINE,
+            "verify": {"rtol": self.rtol, "atol": self.atol, "seed": self.seed},
+        }
         if self.tune_trials:
             key["tune"] = [self.tune_trials, self.tune_trials_per_task]
         return key

@@ -121,6 +121,10 @@ def test_compile_options_change_the_key():
     target = resolve_target("llvm")
     bucket = {"x": (1, 3, 48, 192)}
     simplified = bucket_key(model, bucket, target, CompileOptions())
-    assert bucket_key(model, bucket, target, CompileOptions(rtol=0.5)) == simplified  # tolerances: not the kernel
+    # A stored verdict holds only for the tolerances and inputs it was judged at.
+    assert bucket_key(model, bucket, target, CompileOptions(rtol=0.5)) != simplified
+    assert bucket_key(model, bucket, target, CompileOptions(atol=0.5)) != simplified
+    assert bucket_key(model, bucket, target, CompileOptions(seed=1)) != simplified
+    assert bucket_key(model, bucket, target, CompileOptions(timeout_seconds=5)) == simplified
     assert bucket_key(model, bucket, target, CompileOptions(simplify=False)) != simplified
     assert bucket_key(model, bucket, resolve_target("cuda"), CompileOptions()) != simplified
