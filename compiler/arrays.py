@@ -8,6 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of the same shape: ``np.ascontiguousarray`` turns a 0-d array into a 1-d one."""
+    return np.require(array, requirements="C")
+
+
 def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)

@@ -63,11 +63,13 @@ class AxisSafety(BaseModel):
     # output name -> indices of that output's axes that follow this axis 1:1
     output_axes: dict[str, list[int]] = Field(default_factory=dict)
     max_abs_error: float | None = None
+    probe_failed: bool = False
+    """The model itself refused the probe shape: nothing was learned about padding."""
 
 
 def bucket_label(bucket: Bucket) -> str:
     """Canonical text for a bucket, e.g. ``x=8x3x48x192``."""
-    return ",".join(f"{name}={'x'.join(map(str, shape))}" for name, shape in sorted(bucket.items()))
+    return ",".join(f"{name}={'x'.join(map(str, shape)) or 'scalar'}" for name, shape in sorted(bucket.items()))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"--shape {text!r}: expected NAME=D0,D1,...")
     try:
-        shape = tuple(int(d) for d in dims.split(","))
+        shape = tuple(int(d) for d in dims.split(",")) if dims else ()  # NAME= is a scalar
     except ValueError:
         raise argparse.ArgumentTypeError(f"--shape {text!r}: dims must be integers") from None
     return name, shape

@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
+from .arrays import contiguous
 from .errors import BadRequestError
 
 
@@ -77,7 +78,7 @@ class TvmEngine:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensor = self._tvm.runtime.tensor
-        args = [tensor(np.ascontiguousarray(inputs[name]), self._device) for name in self.input_names]
+        args = [tensor(contiguous(inputs[name]), self._device) for name in self.input_names]
         with self._lock:
             result = self._main(*args)
         results = [result] if isinstance(result, self._tvm.runtime.Tensor) else list(result)

@@ -10,7 +10,7 @@ padding) and unmasked sequence axes (attention sees it) fail.
 from __future__ import annotations
 
 from .arrays import compare_outputs, random_inputs
-from .buckets import AxisSafety, pad_inputs
+from .buckets import AxisPolicy, AxisSafety, pad_inputs
 from .engines import Engine
 from .signature import Signature
 
@@ -48,7 +48,12 @@ def check_axis_padding(
         exact = engine.run(exact_inputs)
         padded = engine.run(padded_inputs)
     except Exception as exc:  # noqa: BLE001 - the model itself rejects the shape
-        return AxisSafety(axis=axis, safe=False, reason=f"model fails at the probe shape: {type(exc).__name__}: {exc}")
+        return AxisSafety(
+            axis=axis,
+            safe=False,
+            reason=f"model fails at the probe shape: {type(exc).__name__}: {exc}",
+            probe_failed=True,
+        )
 
     output_axes: dict[str, list[int]] = {}
     cut = {}
@@ -79,3 +84,70 @@ def check_axis_padding(
         output_axes=output_axes,
         max_abs_error=comparison.max_abs_error,
     )
+
+
+# Sizes tried, after the configured or warm one, when the model refuses a probe shape
+# (a reflect Pad needs a long enough axis, a strided conv a multiple of its stride).
+FALLBACK_PROBE_SIZES = (32, 64, 128, 256, 512, 1024, 16, 8, 4, 2, 1)
+MAX_PROBES_PER_AXIS = 6
+
+
+def probe_padding(
+    engine: Engine,
+    signature: Signature,
+    policies: dict[str, AxisPolicy],
+    sizes: dict[str, int],
+    *,
+    configured: set[str] = frozenset(),
+    pad_values: dict[str, float] | None = None,
+    rtol: float = 1e-3,
+    atol: float = 1e-4,
+    seed: int = 0,
+) -> dict[str, AxisSafety]:
+    """The padding-safety check of every symbolic axis, each at a size the model accepts.
+
+    ``sizes[axis]`` is tried first; for an axis not in ``configured`` (sizes the
+    user chose), a few other sizes follow when the model refuses it. A size
+    that worked is kept for the axes probed after it, and axes refused in a
+    first pass are tried again with those sizes (the refusal may have been
+    another axis's). An axis no size worked for says so, and names the config
+    field that fixes it.
+    """
+    sizes = dict(sizes)
+    results: dict[str, AxisSafety] = {}
+    tried: dict[str, list[int]] = {}
+    for _ in range(2):
+        for axis in signature.axes():
+            if axis in results and not results[axis].probe_failed:
+                continue
+            policy = policies[axis]
+            if policy.kind == "exact":
+                results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
+                continue
+            candidates = [sizes[axis]]
+            if axis not in configured:
+                candidates += [s for s in FALLBACK_PROBE_SIZES if s != sizes[axis]]
+            for size in candidates[:MAX_PROBES_PER_AXIS]:
+                padded = policy.bucket_size(size)
+                if padded is None or padded <= size:
+                    padded = policy.bucket_size(size + 1) or size + 1
+                result = check_axis_padding(
+                    engine, signature, axis, dict(sizes, **{axis: size}), padded,
+                    pad_values=pad_values, rtol=rtol, atol=atol, seed=seed,
+                )  # fmt: skip
+                tried.setdefault(axis, []).append(size)
+                results[axis] = result
+                if not result.probe_failed:
+                    sizes[axis] = size
+                    break
+    for axis, result in results.items():
+        if result.probe_failed:
+            refused = sorted(set(tried[axis]))
+            results[axis] = result.model_copy(
+                update={
+                    "reason": f"could not probe axis {axis!r}: the model fails at sizes {refused} "
+                    f"({result.reason.removeprefix('model fails at the probe shape: ')}); served exactly. "
+                    f'Set config probe_sizes {{"{axis}": N}} to a size the model accepts to check padding.'
+                }
+            )
+    return results

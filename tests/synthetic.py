@@ -264,3 +264,28 @@ def embedding_model(vocab: int = 50, dim: int = 8, *, computed_index: bool = Fal
         initializer=[table, one] if computed_index else [table],
     )
     return make_model(graph).SerializeToString()
+
+
+def scalar_input_model(pad: int = 64) -> bytes:
+    """An audio front end with a rank-0 input: ``x: [batch, samples]`` float32 and ``sr: []`` int64.
+
+    ``y = ReflectPad(x, pad samples each side) * sr / 16000`` and ``gain = sr / 16000`` (a rank-0
+    output). The reflect pad needs more than ``pad`` samples, so short probe sizes fail.
+    """
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["padded"], mode="reflect"),
+        helper.make_node("Cast", ["sr"], ["sr_f"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["sr_f", "base"], ["gain"]),
+        helper.make_node("Mul", ["padded", "gain"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scalar_input",
+        [value("x", "float32", ["batch", "samples"]), value("sr", "int64", [])],
+        [value("y", "float32", ["batch", "samples_padded"]), value("gain", "float32", [])],
+        initializer=[
+            numpy_helper.from_array(np.array([0, pad, 0, pad], dtype=np.int64), "pads"),
+            numpy_helper.from_array(np.array(16000, dtype=np.float32), "base"),
+        ],
+    )
+    return make_model(graph).SerializeToString()

@@ -17,7 +17,7 @@ from compiler.engines import OrtEngine
 from compiler.errors import BadRequestError, ConflictError, InvalidModelError, JitServeError, UnavailableError
 from compiler.model import LoadedModel, load_model
 from compiler.options import CompileOptions
-from compiler.padding import check_axis_padding
+from compiler.padding import probe_padding
 from compiler.target import resolve_target
 
 from ..settings import Settings
@@ -168,31 +168,18 @@ class Admission:
         return parsed
 
     def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
-        signature = model.signature
-        sizes = _probe_sizes(signature, config)
         options = self._options(config)
-        results = {}
-        for axis in signature.axes():
-            policy = config.policy_for(axis)
-            if policy.kind == "exact":
-                results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
-                continue
-            size = sizes[axis]
-            padded = policy.bucket_size(size)
-            if padded is None or padded <= size:
-                padded = policy.bucket_size(size + 1) or size + 1
-            results[axis] = check_axis_padding(
-                ort,
-                signature,
-                axis,
-                sizes,
-                padded,
-                pad_values=config.pad_values,
-                rtol=options.rtol,
-                atol=options.atol,
-                seed=options.seed,
-            )
-        return results
+        return probe_padding(
+            ort,
+            model.signature,
+            {axis: config.policy_for(axis) for axis in model.signature.axes()},
+            _probe_sizes(model.signature, config),
+            configured=set(config.probe_sizes),
+            pad_values=config.pad_values,
+            rtol=options.rtol,
+            atol=options.atol,
+            seed=options.seed,
+        )
 
 
 def _probe_sizes(signature, config: ModelConfig) -> dict[str, int]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from compiler.arrays import contiguous
+from compiler.buckets import bucket_label
 from compiler.engines import Engine
 from compiler.errors import JitServeError, NotFoundError, UnavailableError
 
@@ -95,10 +97,14 @@ class Inference:
         engine_name = "none"
         try:
             arrays = parse_inputs(served.model.signature, inputs, served.model.index_bounds.ranges)
-            plan = served.planner.plan({k: v.shape for k, v in arrays.items()})
-            bucket = served.bucket_for(plan.bucket)
-            bucket.record_hit()
-            kernel = self._kernel_for(served, bucket)
+            if any(array.size == 0 for array in arrays.values()):
+                # No bucket for a zero-size input (nothing to pad, nothing worth a kernel).
+                label, kernel = bucket_label({k: v.shape for k, v in arrays.items()}), None
+            else:
+                plan = served.planner.plan({k: v.shape for k, v in arrays.items()})
+                bucket = served.bucket_for(plan.bucket)
+                bucket.record_hit()
+                label, kernel = bucket.label, self._kernel_for(served, bucket)
             inference_started = time.perf_counter()
             if kernel is not None:
                 engine_name = bucket.route or "tvm"
@@ -116,9 +122,9 @@ class Inference:
         return Prediction(
             model=name,
             version=served.record.version,
-            outputs={k: np.ascontiguousarray(v) for k, v in outputs.items()},
+            outputs={k: contiguous(v) for k, v in outputs.items()},
             engine=engine_name,
-            bucket=bucket.label,
+            bucket=label,
             inference_ms=inference_ms,
         )
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.arrays import contiguous
 from compiler.errors import BadRequestError
 from compiler.signature import Signature
 
@@ -34,6 +35,9 @@ def parse_inputs(
             raise BadRequestError(f"input {spec.name!r} must be a rectangular nested list of numbers")
         if array.dtype.kind not in "biuf":
             raise BadRequestError(f"input {spec.name!r} must be numeric, got {array.dtype.kind!r} data")
+        if array.size == 0 and array.ndim != spec.rank and any(isinstance(d, str) for d in spec.dims):
+            # JSON cannot say the shape of an empty tensor: [] is a zero-size batch of the model's dims.
+            array = array.reshape([0 if isinstance(d, str) else d for d in spec.dims])
         if array.ndim != spec.rank:
             raise BadRequestError(f"input {spec.name!r} has rank {array.ndim}, expected {spec.rank} {list(spec.dims)}")
         want = np.dtype(spec.dtype)
@@ -47,7 +51,7 @@ def parse_inputs(
             raise BadRequestError(f"input {spec.name!r} has dtype {spec.dtype}: values overflow it")
         if want.kind == "b" and array.size and not np.all((array == 0) | (array == 1)):
             raise BadRequestError(f"input {spec.name!r} has dtype bool: values must be 0/1 or true/false")
-        arrays[spec.name] = np.ascontiguousarray(array.astype(want))
+        arrays[spec.name] = contiguous(array.astype(want, copy=False))
     for name, (low, high, indexed) in (index_ranges or {}).items():
         values = arrays[name]
         if values.size and (values.min() < low or values.max() > high):

@@ -7,7 +7,7 @@ import pytest
 
 from compiler.buckets import AxisPolicy, BucketPlanner
 from compiler.engines import OrtEngine
-from compiler.padding import check_axis_padding
+from compiler.padding import check_axis_padding, probe_padding
 from compiler.signature import read_signature
 from tests import synthetic
 
@@ -99,3 +99,23 @@ def test_output_axis_not_following_the_input_axis_is_unsafe():
     assert not safety.safe
     assert "axis 1 goes 12 -> 16" in safety.reason
     assert "not cut back 1:1" in safety.reason
+
+
+def test_probe_tries_larger_sizes_when_the_model_refuses_the_first():
+    engine, signature = _engine_and_signature(synthetic.scalar_input_model(pad=64))
+    policies = {axis: AxisPolicy(kind="pow2", max=1024) for axis in ("batch", "samples")}
+    results = probe_padding(engine, signature, policies, {"batch": 3, "samples": 32})
+    assert results["batch"].safe, results["batch"].reason
+    samples = results["samples"]
+    assert not samples.probe_failed  # probed at 128: a reflect pad of 64 needs more than 64 samples
+    assert not samples.safe and "not cut back 1:1" in samples.reason
+
+
+def test_an_axis_no_size_works_for_names_the_config_field():
+    engine, signature = _engine_and_signature(synthetic.scalar_input_model(pad=64))
+    policies = {axis: AxisPolicy(kind="pow2", max=1024) for axis in ("batch", "samples")}
+    results = probe_padding(engine, signature, policies, {"batch": 3, "samples": 32}, configured={"samples"})
+    samples = results["samples"]
+    assert samples.probe_failed and not samples.safe
+    assert samples.reason.startswith("could not probe axis 'samples': the model fails at sizes [32]")
+    assert 'probe_sizes {"samples": N}' in samples.reason

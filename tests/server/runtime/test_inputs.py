@@ -46,3 +46,23 @@ def test_converts_to_model_dtypes():
 def test_rejects_bad_inputs_naming_the_problem(inputs, message):
     with pytest.raises(BadRequestError, match=message):
         parse_inputs(SIGNATURE, inputs)
+
+
+def test_scalars_stay_rank_0_and_empty_batches_take_the_model_dims():
+    signature = Signature(
+        inputs=(TensorSpec("sr", "int64", ()), TensorSpec("x", "float32", ("batch", 3))),
+        outputs=(TensorSpec("y", "float32", ("batch", 3)),),
+    )
+    arrays = parse_inputs(signature, {"sr": 16000, "x": []})
+    assert arrays["sr"].shape == () and arrays["sr"].dtype == np.int64 and int(arrays["sr"]) == 16000
+    assert arrays["x"].shape == (0, 3) and arrays["x"].dtype == np.float32
+    with pytest.raises(BadRequestError, match="'sr' has rank 1, expected 0"):
+        parse_inputs(signature, {"sr": [16000], "x": []})
+
+
+def test_index_ranges_are_checked_after_conversion():
+    ranges = {"ids": (-4, 3, "Gather 'table'")}
+    assert parse_inputs(SIGNATURE, GOOD | {"ids": [-4, 3]}, ranges)["ids"].tolist() == [-4, 3]
+    for bad in ([4, 0], [0, -5], [999999, 0]):
+        with pytest.raises(BadRequestError, match=r"'ids' has values outside \[-4, 3\]: it indexes Gather 'table'"):
+            parse_inputs(SIGNATURE, GOOD | {"ids": bad}, ranges)
