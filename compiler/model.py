@@ -70,11 +70,17 @@ def _iter_tensors(graph: onnx.GraphProto):
     yield from _iter_node_tensors(graph.node)
 
 
-def _reject_external_data(model: onnx.ModelProto) -> None:
-    # An upload is one file: external data could only point at paths on the
-    # server's disk, so any reference is refused rather than resolved.
+def all_tensors(model: onnx.ModelProto):
+    """Every TensorProto of a model: the graph's (subgraphs included) and its local functions'."""
     function_tensors = (t for function in model.functions for t in _iter_node_tensors(function.node))
-    for tensor in itertools.chain(_iter_tensors(model.graph), function_tensors):
+    return itertools.chain(_iter_tensors(model.graph), function_tensors)
+
+
+def _reject_external_data(model: onnx.ModelProto) -> None:
+    # Model bytes are one file: external data could only point at paths on the
+    # server's disk, so any reference left is refused rather than resolved
+    # (compiler.upload reads the data an upload brings into the model first).
+    for tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
             location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
             raise InvalidModelError(

@@ -22,8 +22,8 @@ class CompileSettings(BaseSettings):
     data_dir: Path = Path("data")
     """Root of the model store and the artifact store; survives restarts."""
 
-    max_model_bytes: int = 64 * 1024 * 1024
-    """Largest accepted ONNX upload, in bytes."""
+    max_model_bytes: int = 2 * 1024 * 1024 * 1024 - 1
+    """Largest accepted model upload (with its external data), in bytes; protobuf caps one model at 2 GiB."""
 
     target: str = "llvm"
     """Default compile target: ``llvm`` (host CPU detected), ``cuda``, or a JSON target dict."""

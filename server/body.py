@@ -1,30 +1,41 @@
-"""Request bodies read with their size limit enforced while reading."""
+"""Request bodies read with their size limit enforced while reading; uploads written to disk as they arrive."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from compiler.errors import BadRequestError, PayloadTooLargeError
+from compiler.upload import UPLOAD_MODEL_NAME, safe_relative_path
+
+MAX_DATA_PARTS = 64
+UPLOAD_CHUNK = 1 << 20
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
+async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body chunk by chunk; 413 as soon as it passes ``limit``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"request body of {declared} bytes is over the limit of {limit}")
-    chunks, total = [], 0
+    total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
             raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        yield chunk
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    return b"".join([chunk async for chunk in limited_stream(request, limit)])
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -37,26 +48,53 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
-async def parse_upload(request: Request, body: bytes) -> tuple[bytes, dict | None]:
-    """An upload is the raw ONNX file, or multipart with ``model`` and optional ``config``."""
+async def _write(chunks: AsyncIterator[bytes], path: Path) -> None:
+    with open(path, "wb") as handle:
+        async for chunk in chunks:
+            await run_in_threadpool(handle.write, chunk)
+
+
+async def _upload_chunks(part: UploadFile) -> AsyncIterator[bytes]:
+    while chunk := await part.read(UPLOAD_CHUNK):
+        yield chunk
+
+
+async def receive_upload(request: Request, limit: int, folder: Path) -> dict | None:
+    """Write an upload into ``folder`` as it arrives; return its config.
+
+    The body is the ONNX file (or a .zip/.tar of the model folder), or multipart
+    with a ``model`` part, an optional ``config`` JSON part and one ``data``
+    part per external data file, named as the model names it.
+    """
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
-        return body, None
-
-    async def replay():
-        yield body
-
+        await _write(limited_stream(request, limit), folder / UPLOAD_MODEL_NAME)
+        return None
     try:
-        form = await MultiPartParser(request.headers, replay(), max_files=2, max_fields=2).parse()
+        parser = MultiPartParser(
+            request.headers, limited_stream(request, limit), max_files=MAX_DATA_PARTS + 1, max_fields=2
+        )
+        form = await parser.parse()
     except MultiPartException as exc:
         raise BadRequestError(f"malformed multipart body: {exc.message}") from None
     model_part = form.get("model")
     if model_part is None:
         raise BadRequestError("multipart upload needs a 'model' part with the ONNX file")
-    model = await model_part.read() if isinstance(model_part, UploadFile) else model_part.encode()
+    if isinstance(model_part, UploadFile):
+        await _write(_upload_chunks(model_part), folder / UPLOAD_MODEL_NAME)
+    else:
+        (folder / UPLOAD_MODEL_NAME).write_bytes(model_part.encode())
+    for part in form.getlist("data"):
+        if not isinstance(part, UploadFile) or not part.filename:
+            raise BadRequestError("each 'data' part must be a file named as the model names it")
+        target = folder / safe_relative_path(part.filename)
+        if target == folder / UPLOAD_MODEL_NAME:
+            raise BadRequestError(f"a 'data' part may not be named {UPLOAD_MODEL_NAME!r}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await _write(_upload_chunks(part), target)
     config_part = form.get("config")
     if config_part is None:
-        return model, None
+        return None
     text = await config_part.read() if isinstance(config_part, UploadFile) else config_part.encode()
     try:
         config = json.loads(text)
@@ -64,7 +102,7 @@ async def parse_upload(request: Request, body: bytes) -> tuple[bytes, dict | Non
         raise BadRequestError(f"config part is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise BadRequestError("config part must be a JSON object")
-    return model, config
+    return config
 
 
 def _to_list(value: Any) -> Any:

@@ -9,9 +9,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from compiler.errors import BadRequestError, JitServeError
+from compiler.upload import remove_upload
 
 from .auth import require_admin
-from .body import json_bytes, parse_json_object, parse_upload, read_limited
+from .body import json_bytes, parse_json_object, read_limited, receive_upload
 from .runtime.service import ModelService
 from .schemas import (
     Health,
@@ -36,6 +37,11 @@ UPLOAD_BODY = {
                 "properties": {
                     "model": {"type": "string", "format": "binary", "description": "the ONNX file"},
                     "config": {"type": "string", "description": "the model's config as a JSON object"},
+                    "data": {
+                        "type": "array",
+                        "items": {"type": "string", "format": "binary"},
+                        "description": "external data files, each named as the model names it",
+                    },
                 },
             }
         },
@@ -58,11 +64,15 @@ def service_of(request: Request) -> ModelService:
     openapi_extra={"requestBody": UPLOAD_BODY},
 )
 async def upload_model(name: str, request: Request, replace: bool = False) -> dict:
-    """Upload a model: the ONNX file, or multipart with ``model`` and ``config``."""
-    settings = request.app.state.settings
-    body = await read_limited(request, settings.max_model_bytes)
-    data, config = await parse_upload(request, body)
-    return await run_in_threadpool(service_of(request).register, name, data, config, replace=replace)
+    """Upload a model: the ONNX file or a .zip/.tar of its folder, or multipart with ``model``, ``config``
+    and one ``data`` part per external data file."""
+    service = service_of(request)
+    folder = service.new_upload_folder()
+    try:
+        config = await receive_upload(request, request.app.state.settings.max_model_bytes, folder)
+        return await run_in_threadpool(service.register_upload, name, folder, config, replace=replace)
+    finally:
+        await run_in_threadpool(remove_upload, folder)
 
 
 @router.get("/models", response_model=ModelList)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -61,13 +62,16 @@ class Admission:
             self.registry.put(served)
             self.scheduler.enqueue_warm(served)
 
-    def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> ServedModel:
+    def register(
+        self, name: str, load: Callable[[], LoadedModel], config: dict | None = None, *, replace: bool = False
+    ) -> ServedModel:
+        """Serve the model ``load`` reads and validates (called once the name is known to be free)."""
         check_model_name(name)
         with self._lock:
             previous = self.registry.find(name)
             if previous is not None and not replace:
                 raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
-            model = load_model(data, max_bytes=self.settings.max_model_bytes)
+            model = load()
             parsed = self._parse_config(model, config)
             ort = self._ort(model, self._target(parsed))
             record = ModelRecord(
@@ -87,7 +91,7 @@ class Admission:
             free = self.scheduler.free_slots
             if self.scheduler.enabled and len(warm) > free:
                 raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
-            self.models.save(record, data)
+            self.models.save(record, model.data)
             self.registry.put(served)
             self.scheduler.enqueue_warm(served)
             return served

@@ -9,13 +9,16 @@ background (single-flight, bounded queue, child processes).
 from __future__ import annotations
 
 import concurrent.futures
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from compiler.build import compile_bucket
 from compiler.errors import JitServeError
+from compiler.model import load_model
 from compiler.store import ArtifactStore
 from compiler.threads import apply_thread_plan
+from compiler.upload import load_upload_folder, upload_folder
 
 from ..settings import Settings
 from .admission import Admission
@@ -109,7 +112,18 @@ class ModelService:
         return self.registry.get(name).describe()
 
     def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> dict:
-        return self.admission.register(name, data, config, replace=replace).describe()
+        """Serve a self-contained model given as bytes."""
+        load = partial(load_model, data, max_bytes=self.settings.max_model_bytes)
+        return self.admission.register(name, load, config, replace=replace).describe()
+
+    def new_upload_folder(self) -> Path:
+        """A private folder to receive one upload into; cleared at start if a crash leaves it behind."""
+        return upload_folder(self.models_store.staging)
+
+    def register_upload(self, name: str, folder: Path, config: dict | None = None, *, replace: bool = False) -> dict:
+        """Serve the model an upload folder holds (with its external data, or as an archive)."""
+        load = partial(load_upload_folder, folder, max_bytes=self.settings.max_model_bytes)
+        return self.admission.register(name, load, config, replace=replace).describe()
 
     def delete(self, name: str) -> None:
         self.admission.delete(name)

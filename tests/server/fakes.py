@@ -13,6 +13,7 @@ import numpy as np
 
 from compiler.build import CompileOutcome, bucket_key
 from compiler.engines import Engine, OrtEngine
+from compiler.model import load_model
 from compiler.store import LIBRARY_NAME, ArtifactStore, Manifest
 from compiler.tvm import COMPILER_VERSION
 from server.runtime.metrics import Metrics
@@ -122,3 +123,8 @@ def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
             return value
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def admit(service: ModelService, name: str, data: bytes, config: dict | None = None, **kwargs):
+    """Register and return the served model itself (tests then swap its engines)."""
+    return service.admission.register(name, lambda: load_model(data, max_bytes=len(data)), config, **kwargs)

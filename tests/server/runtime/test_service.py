@@ -12,7 +12,7 @@ from compiler.demo import DEMO_CONFIG, demo_model_bytes
 from compiler.engines import OrtEngine
 from compiler.errors import NotFoundError, UnavailableError
 from server.runtime.state import BucketState
-from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, make_service, wait_until
+from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, admit, make_service, wait_until
 
 DEMO = demo_model_bytes()
 CONFIG = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 64}}}
@@ -106,7 +106,7 @@ def test_failed_verification_leaves_the_bucket_on_onnxruntime(tmp_path):
 def test_route_goes_to_the_faster_engine(tmp_path, compiler, kernel_delay, ort_delay, route):
     service = make_service(tmp_path, compiler, FakeKernels(DEMO, delay=kernel_delay))
     try:
-        served = service.admission.register("m", DEMO, CONFIG)
+        served = admit(service, "m", DEMO, CONFIG)
         served.ort = SlowEngine(served.ort, ort_delay)
         service.predict("m", {"x": rows(1)})
         wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
@@ -148,13 +148,13 @@ def test_route_is_restored_after_restart_without_compile_or_timing(tmp_path, com
 def test_replace_and_delete_with_requests_in_flight(tmp_path, compiler):
     service = make_service(tmp_path, compiler, FakeKernels(DEMO), compile_workers=0)
     try:
-        v1 = service.admission.register("m", DEMO, CONFIG)
+        v1 = admit(service, "m", DEMO, CONFIG)
         slow = v1.ort = SlowEngine(v1.ort)
         slow.hold.clear()
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             in_flight = pool.submit(service.predict, "m", {"x": rows(1)})
             assert slow.entered.wait(10)
-            v2 = service.admission.register("m", DEMO, CONFIG, replace=True)
+            v2 = admit(service, "m", DEMO, CONFIG, replace=True)
             assert v1.retired and not v2.retired
             assert service.predict("m", {"x": rows(1)}).version == 2
             slow.hold.set()
@@ -180,7 +180,7 @@ def test_replace_and_delete_with_requests_in_flight(tmp_path, compiler):
 def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
     service = make_service(tmp_path, compiler, FakeKernels(DEMO))
     try:
-        v1 = service.admission.register("m", DEMO, CONFIG)
+        v1 = admit(service, "m", DEMO, CONFIG)
         compiler.gate.clear()
         service.predict("m", {"x": rows(1)})
         wait_until(lambda: v1.buckets["x=1x4"].state is BucketState.COMPILING)
@@ -189,7 +189,7 @@ def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
         other = FakeCompiler()
         other.gate.clear()
         service.builder._compile = other  # what runs next for any model
-        service.admission.register("m", DEMO, CONFIG | {"rtol": 0.5}, replace=True)
+        admit(service, "m", DEMO, CONFIG | {"rtol": 0.5}, replace=True)
         compiler.gate.set()
         v2 = service.get("m")
         service.scheduler.enqueue(v2, v2.bucket_for({"x": (8, 4)}))  # queued behind v1's
