@@ -156,6 +156,22 @@ class BucketPlanner:
         }
         return BucketPlan(request, bucket, axis_sizes, bucket_axes)
 
+    def typical_request(self, bucket: Bucket) -> Bucket:
+        """A request shape this bucket serves, halfway between the smallest and the bucket itself
+        on every padded axis: what routing times the engines at, as serving runs them."""
+        sizes: dict[str, int] = {}
+        for spec in self.signature.inputs:
+            for index, axis in spec.symbolic_axes():
+                size = bucket[spec.name][index]
+                policy = self.effective_policy(axis)
+                lowest = size
+                while lowest > 1 and size - lowest < 4096 and policy.bucket_size(lowest - 1) == size:
+                    lowest -= 1
+                sizes[axis] = (lowest + size + 1) // 2
+        return {
+            spec.name: tuple(d if isinstance(d, int) else sizes[d] for d in spec.dims) for spec in self.signature.inputs
+        }
+
     def pad(
         self, inputs: dict[str, np.ndarray], plan: BucketPlan, pad_values: dict[str, float] | None = None
     ) -> dict[str, np.ndarray]:

@@ -17,13 +17,17 @@ import os
 from .target import host_cores
 
 
-def apply_thread_plan(kernel_threads: int) -> int:
+def apply_thread_plan(kernel_threads: int, *, spinning: bool = True) -> int:
     """Size TVM's thread pools for this process and the compile and tuning children it spawns.
 
     TVM reads ``TVM_NUM_THREADS`` when a thread first creates its pool, and
     children inherit the environment, so MetaSchedule measures candidates
-    with the thread count that serving uses. Returns the count.
+    with the thread count that serving uses. ``spinning=False`` stops TVM's
+    idle workers spinning too, the policy the server gives ONNX Runtime: both
+    engines are timed and served alike. Returns the count.
     """
     threads = kernel_threads or host_cores()
     os.environ["TVM_NUM_THREADS"] = str(threads)
+    if not spinning:
+        os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = "0"
     return threads

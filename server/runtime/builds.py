@@ -94,9 +94,10 @@ class BucketBuilder:
             return
         if outcome.cached:
             self.metrics.record_reload(model=served.name)
-        kernel = self.kernels.load(bucket.key, served.model.signature, served.target)
+        signature = served.model.signature
+        self.kernels.load(bucket.key, signature, served.target)
         if not (outcome.cached and self.router.restore(served, bucket)):
-            self.router.route(served, bucket, {"tvm": kernel})
+            self.router.route(served, bucket, {"tvm": self.kernels.open(bucket.key, signature, served.target)})
 
     def tune(self, served: ServedModel, bucket: ServedBucket) -> float:
         """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
@@ -132,11 +133,13 @@ class BucketBuilder:
             return built.seconds
         bucket.set_tuning(status, tuned_key=outcome.manifest.key)
         signature = served.model.signature
-        kernels = {
-            "tvm": self.kernels.get_or_load(bucket.key, signature, served.target),
-            "tvm-tuned": self.kernels.load(outcome.manifest.key, signature, served.target),
+        self.kernels.load(outcome.manifest.key, signature, served.target)
+        # Both timed as fresh instances: the live kernel keeps serving meanwhile, undisturbed and undisturbing.
+        candidates = {
+            tier: self.kernels.open(key, signature, served.target)
+            for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
         }
-        self.router.route(served, bucket, kernels)
+        self.router.route(served, bucket, candidates)
         return built.seconds
 
     @staticmethod

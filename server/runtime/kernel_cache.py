@@ -99,12 +99,13 @@ class Kernels:
     def get(self, key: str) -> Engine | None:
         return self.cache.get(key)
 
+    def open(self, key: str, signature: Signature, target: dict) -> Engine:
+        """A private instance of a stored kernel, outside the cache (routing times these)."""
+        return self._open_engine(self.artifacts.library_path(key), signature, target)
+
     def load(self, key: str, signature: Signature, target: dict) -> Engine:
-        engine = self._open_engine(self.artifacts.library_path(key), signature, target)
+        engine = self.open(key, signature, target)
         manifest = self.artifacts.get(key)
         self.cache.put(key, engine, manifest.library_bytes if manifest else 0)
         self.metrics.set_cache_entries(entries=len(self.cache))
         return engine
-
-    def get_or_load(self, key: str, signature: Signature, target: dict) -> Engine:
-        return self.cache.get(key) or self.load(key, signature, target)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from compiler.arrays import random_inputs
+from compiler.buckets import BucketPlan, BucketPlanner
 from compiler.engines import Engine
 from compiler.store import ArtifactStore
 from compiler.timing import median_latencies_ms
@@ -20,6 +23,21 @@ from .state import ServedBucket
 log = logging.getLogger("jitserve")
 
 
+class ServingKernel:
+    """A kernel as serving runs it: pad the request to the bucket, run, cut the outputs back."""
+
+    def __init__(self, kernel: Engine, planner: BucketPlanner, plan: BucketPlan, pad_values: dict[str, float]) -> None:
+        self.name = kernel.name
+        self.kernel = kernel
+        self.planner = planner
+        self.plan = plan
+        self.pad_values = pad_values
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        padded = self.planner.pad(inputs, self.plan, self.pad_values)
+        return self.planner.unpad(self.kernel.run(padded), self.plan)
+
+
 class Router:
     def __init__(self, settings: Settings, metrics: Metrics, models: ModelStore, artifacts: ArtifactStore) -> None:
         self.settings = settings
@@ -28,10 +46,20 @@ class Router:
         self.artifacts = artifacts
 
     def route(self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine]) -> str:
-        """Time ONNX Runtime and ``kernels`` on the bucket, serve it with the chosen engine, persist."""
-        inputs = random_inputs(bucket.bucket, served.dtypes, self.settings.verify_seed + 1)
+        """Time ONNX Runtime and ``kernels`` as they serve a request of the bucket, serve it with the
+        chosen engine, persist.
+
+        The request is a typical one of the bucket: ONNX Runtime runs it as sent, every kernel with
+        its pad and cut-back. ``kernels`` are private instances, so a kernel serving live traffic
+        is not timed while it waits for its own requests.
+        """
+        planner = served.planner
+        inputs = random_inputs(planner.typical_request(bucket.bucket), served.dtypes, self.settings.verify_seed + 1)
+        plan = planner.plan({name: array.shape for name, array in inputs.items()})
+        pad_values = served.record.config.pad_values
+        engines = {name: ServingKernel(kernel, planner, plan, pad_values) for name, kernel in kernels.items()}
         latency = median_latencies_ms(
-            {"onnxruntime": served.ort, **kernels}, inputs, warmup=2, runs=self.settings.routing_runs
+            {"onnxruntime": served.ort, **engines}, inputs, warmup=2, runs=self.settings.routing_runs
         )
         if self.settings.routing == "compiled":
             route = "tvm-tuned" if "tvm-tuned" in kernels else "tvm"

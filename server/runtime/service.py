@@ -46,7 +46,7 @@ class ModelService:
         """``compile_function`` and ``open_engine`` default to the real compiler and TVM; tests pass fakes."""
         self.settings = settings
         self.metrics = metrics
-        kernel_threads = apply_thread_plan(settings.kernel_threads)
+        kernel_threads = apply_thread_plan(settings.kernel_threads, spinning=settings.ort_spinning)
         self.models_store = ModelStore(settings.model_store_dir)
         self.artifacts = ArtifactStore(settings.kernel_store_dir)
         cache = KernelCache(

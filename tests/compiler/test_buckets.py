@@ -235,3 +235,14 @@ def test_pow2_max_that_is_not_a_power_of_two():
     bucket = policy.bucket_size(40)
     assert bucket is not None
     assert 40 <= bucket <= 48
+
+
+def test_typical_request_is_halfway_into_each_padded_axis(two_input_signature):
+    safe = AxisSafety(axis="batch", safe=True, reason="ok")
+    planner = BucketPlanner(two_input_signature, {"batch": AxisPolicy(kind="pow2", max=64)}, {"batch": safe})
+    assert planner.typical_request({"a": (8, 8), "b": (8, 8)}) == {"a": (7, 8), "b": (7, 8)}  # 5..8 serve it
+    assert planner.typical_request({"a": (1, 8), "b": (1, 8)}) == {"a": (1, 8), "b": (1, 8)}
+    listed = BucketPlanner(two_input_signature, {"batch": AxisPolicy(kind="list", sizes=[4, 100])}, {"batch": safe})
+    assert listed.typical_request({"a": (100, 8), "b": (100, 8)})["a"] == (53, 8)
+    exact = BucketPlanner(two_input_signature)
+    assert exact.typical_request({"a": (6, 8), "b": (6, 8)}) == {"a": (6, 8), "b": (6, 8)}

@@ -80,8 +80,10 @@ class SlowEngine:
         self.hold = threading.Event()
         self.hold.set()
         self.entered = threading.Event()
+        self.shapes: list[dict[str, tuple[int, ...]]] = []
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.shapes.append({name: array.shape for name, array in inputs.items()})
         self.entered.set()
         assert self.hold.wait(30), "the test never released the engine"
         if self.delay:
@@ -95,12 +97,13 @@ class FakeKernels:
     def __init__(self, model_bytes: bytes, delay: float = 0.0) -> None:
         self.model_bytes = model_bytes
         self.delay = delay
-        self.opened: list[Path] = []
+        self.opened: list[SlowEngine] = []
 
     def __call__(self, library: Path, signature, target) -> Engine:
         assert Path(library).is_file()
-        self.opened.append(Path(library))
-        return SlowEngine(OrtEngine(self.model_bytes, spinning=False), self.delay)
+        engine = SlowEngine(OrtEngine(self.model_bytes, spinning=False), self.delay)
+        self.opened.append(engine)
+        return engine
 
 
 def make_service(data_dir: Path, compiler: FakeCompiler, kernels: FakeKernels, **settings) -> ModelService:

@@ -199,3 +199,20 @@ def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
         assert list(other.calls) == [v2.buckets["x=8x4"].key]
     finally:
         service.close()
+
+
+def test_routing_times_each_engine_as_it_serves_a_request_of_the_bucket(tmp_path, compiler):
+    kernels = FakeKernels(DEMO)
+    service = make_service(tmp_path, compiler, kernels)
+    try:
+        served = admit(service, "m", DEMO, CONFIG)
+        ort = served.ort = SlowEngine(served.ort)
+        service.predict("m", {"x": rows(5)})  # bucket x=8x4
+        wait_until(lambda: bucket_state(service, "x=8x4") is BucketState.READY)
+        assert len(kernels.opened) == 2  # one serves (cached), one private instance is timed
+        timed = next(engine for engine in kernels.opened if engine.shapes)
+        # ONNX Runtime ran a typical request of the bucket as sent, the kernel the same request padded.
+        assert {"x": (7, 4)} in ort.shapes
+        assert set(map(str, timed.shapes)) == {str({"x": (8, 4)})}
+    finally:
+        service.close()
