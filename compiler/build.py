@@ -42,10 +42,12 @@ def compile_bucket(
     options: CompileOptions | None = None,
     *,
     builder=_build_in_child,
+    progress_path: str | None = None,
 ) -> CompileOutcome:
     """Return the stored artifact for this key, compiling it first if needed.
 
     ``builder`` runs in the child; tests pass one that crashes on purpose.
+    A tuning compile writes its progress to ``progress_path`` as it goes.
     """
     options = options or CompileOptions()
     bucket = {name: tuple(int(d) for d in shape) for name, shape in bucket.items()}
@@ -71,6 +73,7 @@ def compile_bucket(
             tune_trials=options.tune_trials,
             tune_trials_per_task=options.tune_trials_per_task,
             database_dir=options.database_dir,
+            progress_path=progress_path,
         )
         facts = run_in_child(builder, job, timeout=options.timeout_seconds)
         manifest = Manifest(

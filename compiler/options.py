@@ -101,3 +101,5 @@ class BuildJob:
     tune_trials: int = 0
     tune_trials_per_task: int = 64
     database_dir: str | None = None
+    progress_path: str | None = None
+    """Where tuning writes its progress (``{"trials", "best_ms"}``) as it goes."""

@@ -95,6 +95,7 @@ def build_and_verify(job: BuildJob) -> dict:
             trials=job.tune_trials,
             trials_per_task=job.tune_trials_per_task,
             database_dir=job.database_dir,
+            progress_path=job.progress_path,
         )
     executable = compile_relax(mod, job.target, open_shared_database(job.database_dir))
     executable.export_library(job.library_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import tvm
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from .pipeline import tuned_module_passes
@@ -104,7 +106,9 @@ def merge_into_shared(directory: str, run_database) -> int:
     return added
 
 
-def tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, database_dir: str) -> dict:
+def tune(
+    mod, target_dict: dict, *, trials: int, trials_per_task: int, database_dir: str, progress_path: str | None = None
+) -> dict:
     """Tune every task of the fused module; merge the records into the shared database."""
     # Below serving: tuning must not starve requests. SCHED_IDLE runs only on otherwise idle
     # cores (and is inherited by MetaSchedule's builder and runner processes); nice 19 where
@@ -122,12 +126,22 @@ def tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, database_
             trials_per_task=trials_per_task,
             work_dir=work_dir,
             database_dir=database_dir,
+            progress_path=progress_path,
         )
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def _tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, work_dir: str, database_dir: str) -> dict:
+def _tune(
+    mod,
+    target_dict: dict,
+    *,
+    trials: int,
+    trials_per_task: int,
+    work_dir: str,
+    database_dir: str,
+    progress_path: str | None,
+) -> dict:
     started = time.perf_counter()
     # MetaSchedule logs every iteration to stdout, where the CLI prints its results: warnings
     # only, and to stderr (its per-task logs go to the work dir).
@@ -138,6 +152,9 @@ def _tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, work_dir
     tasks = ms.relax_integration.extract_tasks(fused, target)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir=work_dir)
     run_database = ms.database.JSONDatabase(work_dir=work_dir)
+    callbacks = ms.measure_callback.MeasureCallback.create("default")
+    if progress_path:
+        callbacks = [*callbacks, progress_callback(progress_path, [float(w) for w in weights])]
     builder = ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120)
     runner = ms.runner.LocalRunner()
     seeded = record_default_schedules(tasks, target, run_database, builder, runner)
@@ -152,6 +169,7 @@ def _tune(mod, target_dict: dict, *, trials: int, trials_per_task: int, work_dir
             builder=builder,
             runner=runner,
             database=run_database,
+            measure_callbacks=callbacks,
         )
     trials_run = len(run_database.get_all_tuning_records()) - seeded
     merge_into_shared(database_dir, run_database)
@@ -195,3 +213,32 @@ def record_default_schedules(tasks, target, database, builder, runner) -> int:
             database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, result.run_secs, target, args))
             recorded += 1
     return recorded
+
+
+def progress_callback(path: str, weights: list[float]):
+    """A measure callback writing ``{"trials", "best_ms"}`` to ``path`` after every batch of trials.
+
+    ``best_ms`` estimates the tuned kernel from the tasks measured so far: the
+    sum over tasks of their fastest candidate, times how often the model
+    calls each.
+    """
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        def __init__(self) -> None:
+            self.trials = 0
+            self.best: dict[int, float] = {}
+
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+            for result in runner_results:
+                self.trials += 1
+                if result.error_msg is None and result.run_secs:
+                    seconds = sum(float(s) for s in result.run_secs) / len(result.run_secs)
+                    self.best[task_id] = min(seconds, self.best.get(task_id, seconds))
+            best_ms = sum(weights[i] * s for i, s in self.best.items()) * 1000 if self.best else None
+            temporary = f"{path}.{os.getpid()}.tmp"
+            with open(temporary, "w") as handle:
+                json.dump({"trials": self.trials, "best_ms": best_ms}, handle)
+            os.replace(temporary, path)
+
+    return Progress()

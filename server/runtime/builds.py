@@ -18,6 +18,7 @@ from compiler.target import target_kind
 from ..settings import Settings
 from .kernel_cache import Kernels
 from .metrics import Metrics
+from .progress import TuningWatch
 from .registry import ServedModel
 from .router import Router
 from .state import BucketState, ServedBucket, TuningState, TuningStatus
@@ -52,12 +53,13 @@ class BucketBuilder:
         self.router = router
         self._compile = compile_function
 
-    def _build(self, served: ServedModel, bucket: ServedBucket, options: CompileOptions) -> TierBuild:
+    def _build(self, served: ServedModel, bucket: ServedBucket, options: CompileOptions, **extra) -> TierBuild:
         """Compile (or find) the tier, record its compile metrics, and check that it verified."""
         name, kind, tier = served.name, target_kind(served.target), options.tier
         started = time.perf_counter()
         try:
-            outcome = self._compile(served.model, bucket.bucket, served.target, self.kernels.artifacts, options)
+            artifacts = self.kernels.artifacts
+            outcome = self._compile(served.model, bucket.bucket, served.target, artifacts, options, **extra)
         except JitServeError as exc:
             self.metrics.record_compile(model=name, target=kind, tier=tier, outcome="error", seconds=None)
             log.warning("%s of %s %s failed: %s", tier, name, bucket.label, exc)
@@ -115,14 +117,21 @@ class BucketBuilder:
             }
         )
         bucket.set_tuning(TuningStatus(state=TuningState.TUNING, trials=0, seconds=0.0))
-        built = self._build(served, bucket, options)
+        watch = TuningWatch(self.kernels.artifacts.staging_root, bucket, self.metrics, model=served.name)
+        watch.start()
+        try:
+            built = self._build(served, bucket, options, progress_path=str(watch.path))
+        finally:
+            live = watch.stop()
         outcome = built.outcome
         facts = (outcome.manifest.tuning if outcome else None) or {}
         if outcome is None or not outcome.cached:
-            self.metrics.record_tuning(model=served.name, trials=facts.get("trials", 0), seconds=built.seconds)
+            rest = max(0, facts.get("trials", 0) - live.trials)  # the trials not yet counted while it ran
+            self.metrics.record_tuning(model=served.name, trials=rest, seconds=built.seconds)
         status = TuningStatus(
             state=TuningState.FAILED if built.failure else TuningState.DONE,
             trials=facts.get("trials") if outcome else None,
+            best_ms=live.best_ms,
             tasks=facts.get("tasks"),
             seconds=round(facts.get("tune_seconds", built.seconds), 1),
             reason=built.failure,

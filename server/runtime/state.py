@@ -48,6 +48,8 @@ class TuningStatus(BaseModel):
 
     state: TuningState
     trials: int | None = None
+    best_ms: float | None = None
+    """Estimated time of the tuned kernel from the candidates measured so far."""
     tasks: int | None = None
     seconds: float | None = None
     reason: str | None = None

@@ -4,6 +4,7 @@ that compute with ONNX Runtime at a chosen extra latency."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -31,12 +32,14 @@ class FakeCompiler:
         self.gate.set()
         self.started = threading.Event()
 
-    def __call__(self, model, bucket, target, store: ArtifactStore, options) -> CompileOutcome:
+    def __call__(self, model, bucket, target, store: ArtifactStore, options, *, progress_path=None) -> CompileOutcome:
         key = bucket_key(model, bucket, target, options)
         existing = store.get(key)
         if existing is not None:
             return CompileOutcome(existing, True, str(store.library_path(key)))
         self.calls[key] += 1
+        if progress_path and options.tune_trials:  # as the tuning child reports while it runs
+            Path(progress_path).write_text(json.dumps({"trials": options.tune_trials - 1, "best_ms": 0.25}))
         self.started.set()
         assert self.gate.wait(30), "the test never opened the compile gate"
         with store.staging(key) as staging:

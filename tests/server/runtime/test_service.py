@@ -183,7 +183,7 @@ def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
         v1 = admit(service, "m", DEMO, CONFIG)
         compiler.gate.clear()
         service.predict("m", {"x": rows(1)})
-        wait_until(lambda: v1.buckets["x=1x4"].state is BucketState.COMPILING)
+        assert compiler.started.wait(10)  # inside v1's compile
         service.predict("m", {"x": rows(2)})
         assert v1.buckets["x=2x4"].state is BucketState.QUEUED
         other = FakeCompiler()
@@ -214,5 +214,31 @@ def test_routing_times_each_engine_as_it_serves_a_request_of_the_bucket(tmp_path
         # ONNX Runtime ran a typical request of the bucket as sent, the kernel the same request padded.
         assert {"x": (7, 4)} in ort.shapes
         assert set(map(str, timed.shapes)) == {str({"x": (8, 4)})}
+    finally:
+        service.close()
+
+
+def test_tuning_progress_is_live_and_counted_once(tmp_path, compiler):
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), routing="compiled", tune_trials_per_bucket=5)
+    try:
+        served = admit(service, "m", DEMO, CONFIG)
+        service.predict("m", {"x": rows(1)})
+        wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
+        bucket = served.buckets["x=1x4"]
+        compiler.gate.clear()
+        compiler.started.clear()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            tuning = pool.submit(service.builder.tune, served, bucket)
+            assert compiler.started.wait(10)
+            live = wait_until(lambda: (s := service.describe("m")["buckets"][0]["tuning"]) and s.get("trials") and s)
+            assert (live["state"], live["trials"], live["best_ms"]) == ("tuning", 4, 0.25)
+            trials = service.metrics.tuning_trials.labels("m")
+            assert trials._value.get() == 4  # counted while it runs
+            compiler.gate.set()
+            tuning.result(10)
+        done = service.describe("m")["buckets"][0]
+        assert (done["tuning"]["state"], done["tuning"]["trials"], done["engine"]) == ("done", 5, "tvm-tuned")
+        assert trials._value.get() == 5  # the rest at the end, nothing twice
+        assert not list(service.artifacts.staging_root.glob("progress.*"))
     finally:
         service.close()
