@@ -76,14 +76,12 @@ def _bucket_from_args(signature, shapes: list[tuple[str, tuple[int, ...]]]):
     from .buckets import BucketPlanner
     from .errors import BadRequestError
 
-    given = dict(shapes)
+    given = signature.with_static_inputs(dict(shapes))
     for spec in signature.inputs:
         if spec.name not in given:
-            if spec.symbolic_axes():
-                raise BadRequestError(
-                    f"input {spec.name!r} has symbolic axes {list(spec.dims)}: give --shape {spec.name}=..."
-                )
-            given[spec.name] = tuple(spec.dims)
+            raise BadRequestError(
+                f"input {spec.name!r} has symbolic axes {list(spec.dims)}: give --shape {spec.name}=..."
+            )
     return BucketPlanner(signature).plan(given).bucket
 
 

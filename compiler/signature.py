@@ -68,6 +68,11 @@ class Signature:
     def output_names(self) -> list[str]:
         return [spec.name for spec in self.outputs]
 
+    def with_static_inputs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """``shapes`` plus the one shape of every input it leaves out that has no symbolic axis (scalars too)."""
+        static = {s.name: tuple(s.dims) for s in self.inputs if s.name not in shapes and not s.symbolic_axes()}
+        return {**shapes, **static}
+
     def axes(self) -> dict[str, list[tuple[str, int]]]:
         """Symbolic axis name -> every (input, index) that carries it."""
         found: dict[str, list[tuple[str, int]]] = {}

@@ -117,7 +117,7 @@ class Admission:
             key_of=lambda bucket: bucket_key(model, bucket, target, options),
         )
         for shapes in config.warm_buckets:
-            plan = planner.plan({k: tuple(v) for k, v in shapes.items()})
+            plan = planner.plan(model.signature.with_static_inputs({k: tuple(v) for k, v in shapes.items()}))
             served.bucket_for(plan.bucket).warm = True
         return served
 
