@@ -13,18 +13,25 @@ def contiguous(array: np.ndarray) -> np.ndarray:
     return np.require(array, requirements="C")
 
 
-def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator, high: int = 8) -> np.ndarray:
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
     if np.issubdtype(np.dtype(dtype), np.integer):
         # Small non-negative values stay valid as indices (token ids, gathers).
-        return rng.integers(0, 8, size=shape).astype(dtype)
+        return rng.integers(0, max(1, min(8, high)), size=shape).astype(dtype)
     return rng.standard_normal(size=shape).astype(dtype)
 
 
-def random_inputs(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], seed: int) -> dict[str, np.ndarray]:
+def random_inputs(
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict[str, str],
+    seed: int,
+    index_limits: dict[str, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Seeded inputs; an integer input that indexes a dimension of size n (``index_limits``) stays below n."""
     rng = np.random.default_rng(seed)
-    return {name: random_array(tuple(shape), dtypes[name], rng) for name, shape in shapes.items()}
+    limits = index_limits or {}
+    return {name: random_array(tuple(shape), dtypes[name], rng, limits.get(name, 8)) for name, shape in shapes.items()}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ def bench_bucket(
             tuning = manifest.tuning or {}
             facts |= {"tune_seconds": round(tuning.get("tune_seconds", 0.0), 1), "tune_trials": tuning.get("trials")}
         facts[f"{tier}_verified"] = manifest.verified
-    inputs = random_inputs(bucket, {s.name: s.dtype for s in signature.inputs}, options.seed + 1)
+    dtypes = {s.name: s.dtype for s in signature.inputs}
+    inputs = random_inputs(bucket, dtypes, options.seed + 1, model.index_bounds.limits)
     latency = median_latencies_ms(engines, inputs, runs=runs, block=runs)
     ort_ms = latency.pop("ort")
     return {

@@ -91,6 +91,11 @@ class IndexBounds:
         return found
 
     @property
+    def limits(self) -> dict[str, int]:
+        """input -> the size of the smallest dimension it indexes: seeded test inputs stay below it."""
+        return {name: high + 1 for name, (_, high, _) in self.ranges.items()}
+
+    @property
     def unchecked(self) -> list[IndexUse]:
         return [use for use in self.uses if not use.checkable]
 

@@ -26,6 +26,7 @@ def check_axis_padding(
     rtol: float = 1e-3,
     atol: float = 1e-4,
     seed: int = 0,
+    index_limits: dict[str, int] | None = None,
 ) -> AxisSafety:
     """Check ``axis`` at ``sizes[axis]`` padded to ``padded_size``.
 
@@ -42,7 +43,7 @@ def check_axis_padding(
         }
 
     dtypes = {spec.name: spec.dtype for spec in signature.inputs}
-    exact_inputs = random_inputs(shapes_with(size), dtypes, seed)
+    exact_inputs = random_inputs(shapes_with(size), dtypes, seed, index_limits)
     padded_inputs = pad_inputs(exact_inputs, shapes_with(padded_size), pad_values)
     try:
         exact = engine.run(exact_inputs)
@@ -103,6 +104,7 @@ def probe_padding(
     rtol: float = 1e-3,
     atol: float = 1e-4,
     seed: int = 0,
+    index_limits: dict[str, int] | None = None,
 ) -> dict[str, AxisSafety]:
     """The padding-safety check of every symbolic axis, each at a size the model accepts.
 
@@ -133,7 +135,7 @@ def probe_padding(
                     padded = policy.bucket_size(size + 1) or size + 1
                 result = check_axis_padding(
                     engine, signature, axis, dict(sizes, **{axis: size}), padded,
-                    pad_values=pad_values, rtol=rtol, atol=atol, seed=seed,
+                    pad_values=pad_values, rtol=rtol, atol=atol, seed=seed, index_limits=index_limits,
                 )  # fmt: skip
                 tried.setdefault(axis, []).append(size)
                 results[axis] = result

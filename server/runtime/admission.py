@@ -183,6 +183,7 @@ class Admission:
             rtol=options.rtol,
             atol=options.atol,
             seed=options.seed,
+            index_limits=model.index_bounds.limits,
         )
 
 

@@ -54,7 +54,8 @@ class Router:
         is not timed while it waits for its own requests.
         """
         planner = served.planner
-        inputs = random_inputs(planner.typical_request(bucket.bucket), served.dtypes, self.settings.verify_seed + 1)
+        shapes, limits = planner.typical_request(bucket.bucket), served.model.index_bounds.limits
+        inputs = random_inputs(shapes, served.dtypes, self.settings.verify_seed + 1, limits)
         plan = planner.plan({name: array.shape for name, array in inputs.items()})
         pad_values = served.record.config.pad_values
         engines = {name: ServingKernel(kernel, planner, plan, pad_values) for name, kernel in kernels.items()}

@@ -65,3 +65,10 @@ def test_crashing_compile_child_fails_that_compile_only(store):
     # The caller goes on: the same key compiles normally afterwards.
     outcome = compile_bucket(model, {"x": (2, 4)}, target, store)
     assert outcome.manifest.verified is True
+
+
+def test_an_embedding_smaller_than_the_test_ids_verifies(store):
+    # Verification inputs stay inside the table: ids 0..7 would be refused by ONNX Runtime here.
+    model = _load(synthetic.embedding_model(vocab=3))
+    outcome = compile_bucket(model, {"ids": (2, 8)}, resolve_target("llvm"), store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification

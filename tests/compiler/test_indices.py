@@ -106,3 +106,12 @@ def test_an_input_captured_by_a_subgraph_is_unchecked():
         [table("t", 10), numpy_helper.from_array(np.zeros((2, 4), np.float32), "fallback")],
     )
     assert [use.node for use in bounds.unchecked] == ["a subgraph (If/Loop/Scan)"]
+
+
+def test_seeded_inputs_stay_inside_a_small_table():
+    from compiler.arrays import random_inputs
+
+    bounds = index_bounds(onnx.load_from_string(synthetic.embedding_model(vocab=3)))
+    assert bounds.limits == {"ids": 3}
+    inputs = random_inputs({"ids": (64, 8)}, {"ids": "int64"}, 0, bounds.limits)
+    assert inputs["ids"].max() == 2 and inputs["ids"].min() == 0
