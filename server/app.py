@@ -19,6 +19,7 @@ from .routes import router
 from .runtime.metrics import Metrics
 from .runtime.service import ModelService
 from .settings import Settings
+from .v2 import router as v2_router
 
 log = logging.getLogger("jitserve")
 
@@ -48,6 +49,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.service = service
     app.include_router(router)
+    app.include_router(v2_router)
     _document_errors_as_they_are(app)
 
     # The one place errors become HTTP: always {"error": "..."}.

@@ -75,3 +75,66 @@ class Readiness(BaseModel):
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error codes a route can answer."""
     return {code: {"model": ErrorBody} for code in codes}
+
+
+# -- Open Inference Protocol (KServe V2) ---------------------------------------
+
+
+class V2ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class V2Live(BaseModel):
+    live: bool
+
+
+class V2Ready(BaseModel):
+    ready: bool
+
+
+class V2ModelReady(BaseModel):
+    name: str
+    ready: bool
+
+
+class V2TensorMetadata(BaseModel):
+    name: str
+    datatype: str = Field(description="BOOL, INT8..INT64, UINT8..UINT64, FP16, FP32, FP64")
+    shape: list[int] = Field(description="-1 for a symbolic dim")
+
+
+class V2ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2Tensor(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any] | None = Field(None, description="binary_data_size with binary tensor data")
+    data: list[Any] | None = Field(None, description="the values, flattened in row-major order")
+
+
+class V2RequestedOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = Field(None, description='{"binary_data": true} for a binary output')
+
+
+class V2InferRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description='{"binary_data_output": true}: every output binary')
+    inputs: list[V2Tensor]
+    outputs: list[V2RequestedOutput] | None = None
+
+
+class V2InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[V2Tensor]

@@ -28,7 +28,11 @@ class Settings(CompileSettings):
     """Register the built-in ``demo`` model when the model store is empty."""
 
     max_predict_bytes: int = 16 * 1024 * 1024
-    """Largest accepted prediction request body, in bytes."""
+    """Largest accepted ``/predict`` (JSON) request body, in bytes."""
+
+    max_infer_bytes: int = 64 * 1024 * 1024
+    """Largest accepted V2 infer request body, in bytes: carries a batch of eight 640x640 RGB float32
+    images as binary tensors (~39 MiB)."""
 
     compile_workers: int = Field(1, ge=0)
     """Compiles running at once, each in its own child process; 0 serves everything through ONNX Runtime."""

@@ -125,6 +125,15 @@ def test_openapi_documents_every_request_and_response(tmp_path):
         ("get", "/healthz"),
         ("get", "/readyz"),
         ("get", "/metrics"),
+        ("get", "/v2"),
+        ("get", "/v2/health/live"),
+        ("get", "/v2/health/ready"),
+        ("get", "/v2/models/{name}"),
+        ("get", "/v2/models/{name}/versions/{version}"),
+        ("get", "/v2/models/{name}/ready"),
+        ("get", "/v2/models/{name}/versions/{version}/ready"),
+        ("post", "/v2/models/{name}/infer"),
+        ("post", "/v2/models/{name}/versions/{version}/infer"),
     }
     for (method, path), op in operations.items():
         success = next(code for code in op["responses"] if code.startswith("2"))
@@ -133,7 +142,7 @@ def test_openapi_documents_every_request_and_response(tmp_path):
             schema = next(iter(content.values()))["schema"]
             assert schema and schema != {}, (method, path)
         for code, response in op["responses"].items():
-            if code.startswith(("4", "5")) and path != "/readyz":
+            if code.startswith(("4", "5")) and path not in ("/readyz", "/v2/health/ready"):
                 assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
     schemas = spec["components"]["schemas"]
     assert set(schemas["PredictResponse"]["required"]) == {"model", "version", "outputs", "engine", "bucket"}
@@ -141,5 +150,8 @@ def test_openapi_documents_every_request_and_response(tmp_path):
     upload = operations[("put", "/models/{name}")]["requestBody"]["content"]
     assert {"application/octet-stream", "multipart/form-data"} <= set(upload)
     assert schemas["Bucket"]["properties"]["state"] == {"$ref": "#/components/schemas/BucketState"}
+    infer = operations[("post", "/v2/models/{name}/infer")]["requestBody"]["content"]
+    assert {"application/json", "application/octet-stream"} <= set(infer)
+    assert infer["application/json"]["schema"]["properties"]["inputs"]["items"] == {"$ref": "#/$defs/V2Tensor"}
     assert "HTTPValidationError" not in schemas  # validation errors answer 400 {"error"}
     assert schemas["BucketState"]["enum"] == ["new", "queued", "compiling", "ready", "failed"]

@@ -1,0 +1,126 @@
+"""Open Inference Protocol (KServe V2) over REST, next to ``/predict``:
+server and model metadata, health, readiness, and infer with JSON or binary
+tensors. Thin adapters over the same runtime calls as the rest of the API."""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import version as package_version
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from compiler.errors import JitServeError, NotFoundError
+
+from .body import read_limited
+from .runtime.registry import ServedModel
+from .runtime.service import ModelService
+from .schemas import (
+    V2InferRequest,
+    V2InferResponse,
+    V2Live,
+    V2ModelMetadata,
+    V2ModelReady,
+    V2Ready,
+    V2ServerMetadata,
+    error_responses,
+)
+from .v2_codec import HEADER_LENGTH, decode_request, encode_response, v2_datatype
+
+router = APIRouter(prefix="/v2", tags=["Open Inference Protocol"])
+EXTENSIONS = ["binary_tensor_data"]
+
+
+def service_of(request: Request) -> ModelService:
+    return request.app.state.service
+
+
+def served_version(service: ModelService, name: str, version: str | None) -> ServedModel:
+    served = service.get(name)
+    if version is not None and version != str(served.record.version):
+        raise NotFoundError(f"model {name!r} has no version {version!r}; it serves version {served.record.version}")
+    return served
+
+
+def tensor_metadata(specs) -> list[dict]:
+    return [
+        {"name": s.name, "datatype": v2_datatype(s.dtype), "shape": [d if isinstance(d, int) else -1 for d in s.dims]}
+        for s in specs
+    ]
+
+
+@router.get("", response_model=V2ServerMetadata)
+async def server_metadata() -> dict:
+    return {"name": "jitserve", "version": package_version("jitserve"), "extensions": EXTENSIONS}
+
+
+@router.get("/health/live", response_model=V2Live)
+async def live() -> dict:
+    return {"live": True}
+
+
+@router.get("/health/ready", response_model=V2Ready, responses={503: {"model": V2Ready}})
+async def ready(request: Request) -> JSONResponse:
+    is_ready, _ = service_of(request).ready()
+    return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+
+@router.get("/models/{name}", response_model=V2ModelMetadata, responses=error_responses(404))
+@router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=error_responses(404))
+async def model_metadata(name: str, request: Request, version: str | None = None) -> dict:
+    served = served_version(service_of(request), name, version)
+    signature = served.model.signature
+    return {
+        "name": served.name,
+        "versions": [str(served.record.version)],
+        "platform": "onnx",
+        "inputs": tensor_metadata(signature.inputs),
+        "outputs": tensor_metadata(signature.outputs),
+    }
+
+
+@router.get("/models/{name}/ready", response_model=V2ModelReady, responses=error_responses(404))
+@router.get("/models/{name}/versions/{version}/ready", response_model=V2ModelReady, responses=error_responses(404))
+async def model_ready(name: str, request: Request, version: str | None = None) -> dict:
+    served = served_version(service_of(request), name, version)
+    return {"name": served.name, "ready": True}  # ONNX Runtime serves every model from its upload on
+
+
+INFER = {
+    "response_model": V2InferResponse,
+    "responses": {
+        200: {
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "JSON, or with binary outputs a JSON header of Inference-Header-Content-Length bytes "
+            "followed by the raw output tensors",
+        },
+        **error_responses(400, 404, 413, 500, 503),
+    },
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": V2InferRequest.model_json_schema()},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+}
+
+
+@router.post("/models/{name}/infer", **INFER)
+@router.post("/models/{name}/versions/{version}/infer", **INFER)
+async def infer(name: str, request: Request, version: str | None = None) -> Response:
+    service = service_of(request)
+    try:
+        served = served_version(service, name, version)
+        body = await read_limited(request, request.app.state.settings.max_infer_bytes)
+        decoded = decode_request(body, request.headers.get(HEADER_LENGTH), served.model.signature)
+        future = service.submit_predict(name, decoded.inputs)
+    except JitServeError as exc:
+        service.reject_request(name, exc)
+        raise
+    prediction = await asyncio.wrap_future(future)
+    content, headers = encode_response(prediction.model, prediction.version, decoded, prediction.outputs)
+    headers["server-timing"] = f"inference;dur={prediction.inference_ms:.3f}"
+    return Response(content, headers=headers)

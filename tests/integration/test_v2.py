@@ -1,0 +1,112 @@
+"""The Open Inference Protocol against a real server, driven by a real V2
+client (Triton's ``tritonclient.http``): metadata, health, readiness, infer
+with JSON and binary tensors, errors."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from compiler.demo import demo_model_bytes
+from compiler.engines import OrtEngine
+from tests import synthetic
+from tests.integration.serverproc import ServerProcess
+from tests.integration.test_serving import upload
+
+DEMO = demo_model_bytes()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("v2") / "data", compile_workers=0).start()
+    with server.client() as client:
+        assert upload(client, "demo", DEMO).status_code == 201
+        assert upload(client, "add64", synthetic.add_model("int64")).status_code == 201
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server):
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.port}")
+    yield client
+    client.close()
+
+
+def test_server_and_model_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    metadata = client.get_server_metadata()
+    assert metadata["name"] == "jitserve" and "binary_tensor_data" in metadata["extensions"]
+    assert client.is_model_ready("demo") and client.is_model_ready("demo", "1")
+    model = client.get_model_metadata("demo")
+    assert model["versions"] == ["1"]
+    assert model["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    assert model["outputs"] == [{"name": "probs", "datatype": "FP32", "shape": [-1, 3]}]
+    assert not client.is_model_ready("nope")
+
+
+@pytest.mark.parametrize(("binary_in", "binary_out"), [(False, False), (True, True), (True, False), (False, True)])
+def test_infer_json_and_binary(client, binary_in, binary_out):
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    tensor = triton.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary_in)
+    result = client.infer(
+        "demo", [tensor], outputs=[triton.InferRequestedOutput("probs", binary_data=binary_out)], request_id="r-7"
+    )
+    np.testing.assert_allclose(result.as_numpy("probs"), OrtEngine(DEMO).run({"x": x})["probs"], rtol=1e-6)
+    response = result.get_response()
+    assert (response["model_name"], response["model_version"], response["id"]) == ("demo", "1", "r-7")
+
+
+def test_integer_tensors_and_all_outputs_by_default(client):
+    x = np.arange(8, dtype=np.int64).reshape(2, 4)
+    tensor = triton.InferInput("x", [2, 4], "INT64")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("add64", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("y"), x + x)
+    assert result.as_numpy("y").dtype == np.int64
+
+
+def test_errors_come_back_with_their_status(client, server):
+    x = np.ones((1, 4), np.float64)
+    wrong = triton.InferInput("x", [1, 4], "FP64")
+    wrong.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException, match="datatype 'FP64'; the model takes FP32") as error:
+        client.infer("demo", [wrong])
+    assert error.value.status() == "400"
+    right = triton.InferInput("x", [1, 4], "FP32")
+    right.set_data_from_numpy(x.astype(np.float32))
+    with pytest.raises(InferenceServerException, match="model 'nope' not found") as error:
+        client.infer("nope", [right])
+    assert error.value.status() == "404"
+    with pytest.raises(InferenceServerException, match="no version '7'"):
+        client.infer("demo", [right], model_version="7")
+
+    head = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 12}}]}
+    )
+    cases = {
+        "size mismatch": (head + b"\0" * 12, len(head), "binary_data_size 12 is not the 16 bytes"),
+        "extra bytes": (
+            head.replace(b"12", b"16") + b"\0" * 20,
+            len(head),
+            "4 bytes of binary data no input claims",
+        ),
+        "short body": (head.replace(b"12", b"16") + b"\0" * 8, len(head), "ends before its 16 bytes"),
+        "bad header": (head, len(head) + 99, "does not fit the body"),
+    }
+    with httpx.Client(base_url=server.url) as http:
+        for what, (body, length, message) in cases.items():
+            response = http.post(
+                "/v2/models/demo/infer", content=body, headers={"inference-header-content-length": str(length)}
+            )
+            assert response.status_code == 400, what
+            assert message in response.json()["error"], (what, response.json())
+        shape = http.post(
+            "/v2/models/demo/infer", json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "data": [1]}]}
+        )
+        assert shape.status_code == 400 and "has 1 values, shape [2, 4] needs 8" in shape.json()["error"]
