@@ -138,3 +138,10 @@ class V2InferResponse(BaseModel):
     model_version: str
     id: str | None = None
     outputs: list[V2Tensor]
+
+
+class V2RepositoryModel(BaseModel):
+    name: str
+    version: str | None = None
+    state: str = Field(description="READY (served) or UNAVAILABLE (stored, unloaded)")
+    reason: str

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 from importlib.metadata import version as package_version
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from compiler.errors import JitServeError, NotFoundError
 
+from .auth import require_admin
 from .body import read_limited
+from .routes import service_of
 from .runtime.registry import ServedModel
 from .runtime.service import ModelService
 from .schemas import (
@@ -22,17 +25,14 @@ from .schemas import (
     V2ModelMetadata,
     V2ModelReady,
     V2Ready,
+    V2RepositoryModel,
     V2ServerMetadata,
     error_responses,
 )
 from .v2_codec import HEADER_LENGTH, decode_request, encode_response, v2_datatype
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol"])
-EXTENSIONS = ["binary_tensor_data"]
-
-
-def service_of(request: Request) -> ModelService:
-    return request.app.state.service
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
 def served_version(service: ModelService, name: str, version: str | None) -> ServedModel:
@@ -124,3 +124,28 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     content, headers = encode_response(prediction.model, prediction.version, decoded, prediction.outputs)
     headers["server-timing"] = f"inference;dur={prediction.inference_ms:.3f}"
     return Response(content, headers=headers)
+
+
+# -- model repository extension: the stored models, loaded and unloaded under the admin token
+
+REPOSITORY = {"dependencies": [Depends(require_admin)], "responses": error_responses(401, 404)}
+
+
+@router.post("/repository/index", response_model=list[V2RepositoryModel], **REPOSITORY)
+async def repository_index(request: Request) -> list[dict]:
+    """Every stored model: ``READY`` when served, ``UNAVAILABLE`` when unloaded."""
+    return await run_in_threadpool(service_of(request).repository_index)
+
+
+@router.post("/repository/models/{name}/load", **REPOSITORY)
+async def repository_load(name: str, request: Request) -> dict:
+    """Serve a stored model again (its newest version); nothing to do for one being served."""
+    await run_in_threadpool(service_of(request).load_stored, name)
+    return {}
+
+
+@router.post("/repository/models/{name}/unload", **REPOSITORY)
+async def repository_unload(name: str, request: Request) -> dict:
+    """Stop serving a model and keep it stored (a restart serves it again)."""
+    await run_in_threadpool(service_of(request).unload, name)
+    return {}

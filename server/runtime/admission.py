@@ -15,7 +15,14 @@ from pydantic import ValidationError
 from compiler.buckets import AxisSafety, BucketPlanner
 from compiler.build import bucket_key
 from compiler.engines import OrtEngine
-from compiler.errors import BadRequestError, ConflictError, InvalidModelError, JitServeError, UnavailableError
+from compiler.errors import (
+    BadRequestError,
+    ConflictError,
+    InvalidModelError,
+    JitServeError,
+    NotFoundError,
+    UnavailableError,
+)
 from compiler.model import LoadedModel, load_model
 from compiler.options import CompileOptions
 from compiler.padding import probe_padding
@@ -55,12 +62,31 @@ class Admission:
         """Serve every stored model again (its current version) and queue its warm buckets."""
         for record, data in self.models.load_all():
             try:
-                served = self.build_served(record, load_model(data, max_bytes=len(data)))
+                self._serve_stored(record, data)
             except JitServeError as exc:
                 log.error("cannot serve stored model %s: %s", record.name, exc)
-                continue
-            self.registry.put(served)
-            self.scheduler.enqueue_warm(served)
+
+    def _serve_stored(self, record: ModelRecord, data: bytes) -> ServedModel:
+        served = self.build_served(record, load_model(data, max_bytes=len(data)))
+        self.registry.put(served)
+        self.scheduler.enqueue_warm(served)
+        return served
+
+    def load_stored(self, name: str) -> ServedModel:
+        """Serve a stored model again (a no-op for one being served): the repository extension's load."""
+        with self._lock:
+            served = self.registry.find(name)
+            if served is not None:
+                return served
+            found = self.models.load(name)
+            if found is None:
+                raise NotFoundError(f"no stored model {name!r}")
+            return self._serve_stored(*found)
+
+    def unload(self, name: str) -> None:
+        """Stop serving a model but keep it stored: the repository extension's unload."""
+        with self._lock:
+            self.registry.remove(name)
 
     def register(
         self, name: str, load: Callable[[], LoadedModel], config: dict | None = None, *, replace: bool = False

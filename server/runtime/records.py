@@ -118,22 +118,30 @@ class ModelStore:
     def _dir(self, name: str, version: int) -> Path:
         return self.root / name / f"v{version}"
 
+    def names(self) -> list[str]:
+        """Every stored model, served or not."""
+        return sorted(
+            entry.name
+            for entry in self.root.iterdir()
+            if not entry.name.startswith(".") and MODEL_NAME.match(entry.name) and self._versions(entry.name)
+        )
+
+    def load(self, name: str) -> tuple[ModelRecord, bytes] | None:
+        """The newest complete version of ``name``; None when there is none or it is damaged."""
+        versions = self._versions(name)
+        if not versions:
+            return None
+        directory = self._dir(name, versions[-1])
+        try:
+            record = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
+            return record, (directory / MODEL_FILE).read_bytes()
+        except (OSError, ValueError) as exc:
+            # One damaged model must not keep the others from being served.
+            log.error("skipping stored model %s: %s", directory, exc)
+            return None
+
     def load_all(self) -> list[tuple[ModelRecord, bytes]]:
-        loaded = []
-        for entry in sorted(self.root.iterdir()):
-            if entry.name.startswith(".") or not MODEL_NAME.match(entry.name):
-                continue
-            versions = self._versions(entry.name)
-            if not versions:
-                continue
-            directory = self._dir(entry.name, versions[-1])
-            try:
-                record = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
-                loaded.append((record, (directory / MODEL_FILE).read_bytes()))
-            except (OSError, ValueError) as exc:
-                # One damaged model must not keep the others from being served.
-                log.error("skipping stored model %s: %s", directory, exc)
-        return loaded
+        return [found for name in self.names() if (found := self.load(name)) is not None]
 
     def save(self, record: ModelRecord, data: bytes) -> None:
         """Write a new version in one rename, then drop the older versions."""

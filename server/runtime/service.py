@@ -128,6 +128,21 @@ class ModelService:
     def delete(self, name: str) -> None:
         self.admission.delete(name)
 
+    def repository_index(self) -> list[dict]:
+        """Every stored model with whether it is served (the repository extension's index)."""
+        return [
+            {"name": name, "version": str(served.record.version), "state": "READY", "reason": ""}
+            if (served := self.registry.find(name)) is not None
+            else {"name": name, "state": "UNAVAILABLE", "reason": "unloaded"}
+            for name in self.models_store.names()
+        ]
+
+    def load_stored(self, name: str) -> None:
+        self.admission.load_stored(name)
+
+    def unload(self, name: str) -> None:
+        self.admission.unload(name)
+
     def ready(self) -> tuple[bool, list[str]]:
         """Ready once every warm bucket is ready or failed; the ones still waiting otherwise."""
         if not self.jit_enabled:

@@ -40,7 +40,8 @@ def client(server):
 def test_server_and_model_metadata(client):
     assert client.is_server_live() and client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert metadata["name"] == "jitserve" and "binary_tensor_data" in metadata["extensions"]
+    assert metadata["name"] == "jitserve"
+    assert {"binary_tensor_data", "model_repository"} <= set(metadata["extensions"])
     assert client.is_model_ready("demo") and client.is_model_ready("demo", "1")
     model = client.get_model_metadata("demo")
     assert model["versions"] == ["1"]
@@ -110,3 +111,36 @@ def test_errors_come_back_with_their_status(client, server):
             "/v2/models/demo/infer", json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "data": [1]}]}
         )
         assert shape.status_code == 400 and "has 1 values, shape [2, 4] needs 8" in shape.json()["error"]
+
+
+def test_model_repository_index_unload_and_load(client, server):
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    assert index["demo"] == {"name": "demo", "version": "1", "state": "READY", "reason": ""}
+    client.unload_model("add64")
+    assert not client.is_model_ready("add64")
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    assert index["add64"]["state"] == "UNAVAILABLE"  # still stored
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("add64", [])
+    assert error.value.status() == "404"
+    client.load_model("add64")
+    assert client.is_model_ready("add64")
+    tensor = triton.InferInput("x", [1, 4], "INT64")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.int64))
+    np.testing.assert_array_equal(client.infer("add64", [tensor]).as_numpy("y"), [[2, 2, 2, 2]])
+    client.load_model("add64")  # loading a served model changes nothing
+    with pytest.raises(InferenceServerException, match="no stored model 'nope'") as error:
+        client.load_model("nope")
+    assert error.value.status() == "404"
+
+
+def test_repository_calls_need_the_admin_token(tmp_path):
+    server = ServerProcess(tmp_path / "data", compile_workers=0, admin_token="secret").start()
+    try:
+        with httpx.Client(base_url=server.url) as http:
+            assert http.post("/v2/repository/index").status_code == 401
+            assert http.post("/v2/repository/models/demo/unload").status_code == 401
+            ok = http.post("/v2/repository/index", headers={"authorization": "Bearer secret"})
+            assert ok.status_code == 200 and ok.json() == []
+    finally:
+        server.stop()
