@@ -8,13 +8,16 @@ axis is served exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
 from .errors import BadRequestError, ShapeOutOfRangeError
 from .signature import Signature
+
+if TYPE_CHECKING:
+    from .engines import Engine
 
 Bucket = dict[str, tuple[int, ...]]
 
@@ -171,6 +174,16 @@ class BucketPlanner:
         return {
             spec.name: tuple(d if isinstance(d, int) else sizes[d] for d in spec.dims) for spec in self.signature.inputs
         }
+
+    def run_padded(
+        self,
+        engine: Engine,
+        inputs: dict[str, np.ndarray],
+        plan: BucketPlan,
+        pad_values: dict[str, float] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """What a kernel serving the bucket does with a request: pad it to the bucket, run, cut back."""
+        return self.unpad(engine.run(self.pad(inputs, plan, pad_values)), plan)
 
     def pad(
         self, inputs: dict[str, np.ndarray], plan: BucketPlan, pad_values: dict[str, float] | None = None

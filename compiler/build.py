@@ -73,6 +73,7 @@ def compile_bucket(
             tune_trials=options.tune_trials,
             tune_trials_per_task=options.tune_trials_per_task,
             database_dir=options.database_dir,
+            index_limits=model.index_bounds.limits,
             progress_path=progress_path,
         )
         facts = run_in_child(builder, job, timeout=options.timeout_seconds)

@@ -97,6 +97,11 @@ def load_model(
     max_opset: int | None = None,
 ) -> LoadedModel:
     """Parse and validate model bytes; raise a typed error naming the problem."""
+    return validate_model(parse_model(data, max_bytes=max_bytes), data, min_opset=min_opset, max_opset=max_opset)
+
+
+def parse_model(data: bytes, *, max_bytes: int) -> onnx.ModelProto:
+    """The proto of model bytes within the size limit, not validated yet."""
     if len(data) > max_bytes:
         raise PayloadTooLargeError(f"model is {len(data)} bytes, over the limit of {max_bytes}")
     if not data:
@@ -106,6 +111,13 @@ def load_model(
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise InvalidModelError(f"not an ONNX model or truncated: {exc}") from None
+    return proto
+
+
+def validate_model(
+    proto: onnx.ModelProto, data: bytes, *, min_opset: int = MIN_OPSET, max_opset: int | None = None
+) -> LoadedModel:
+    """Validate a parsed model whose serialized bytes are ``data``."""
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
         raise InvalidModelError("not an ONNX model: no IR version or empty graph")
     _reject_external_data(proto)

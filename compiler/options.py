@@ -101,5 +101,7 @@ class BuildJob:
     tune_trials: int = 0
     tune_trials_per_task: int = 64
     database_dir: str | None = None
+    index_limits: dict[str, int] | None = None
+    """input -> size of the dimension it indexes: verification inputs stay below it."""
     progress_path: str | None = None
     """Where tuning writes its progress (``{"trials", "best_ms"}``) as it goes."""

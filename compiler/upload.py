@@ -17,10 +17,9 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import onnx
-from google.protobuf.message import DecodeError
 
 from .errors import BadRequestError, InvalidModelError, PayloadTooLargeError
-from .model import LoadedModel, all_tensors, load_model
+from .model import LoadedModel, all_tensors, load_model, parse_model, validate_model
 
 ZIP_MAGIC = b"PK\x03\x04"
 UPLOAD_MODEL_NAME = "model.upload"  # the uploaded model file (or archive) inside its upload folder
@@ -119,20 +118,16 @@ def load_upload(model_file: Path, folder: Path, *, max_bytes: int) -> LoadedMode
     if size > max_bytes:
         raise PayloadTooLargeError(f"model is {size} bytes, over the limit of {max_bytes}")
     data = model_file.read_bytes()
-    proto = onnx.ModelProto()
-    try:
-        proto.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError):
-        return load_model(data, max_bytes=max_bytes)  # says what is wrong with the bytes
+    proto = parse_model(data, max_bytes=max_bytes)
     external = [t for t in all_tensors(proto) if t.data_location == onnx.TensorProto.EXTERNAL or t.external_data]
     if not external:
-        return load_model(data, max_bytes=max_bytes)
+        return validate_model(proto, data)
     del data
     for tensor in external:
         _read_external(tensor, model_file.parent, folder)
     if proto.ByteSize() > max_bytes:
         raise PayloadTooLargeError(f"model with its external data is over the limit of {max_bytes} bytes")
-    return load_model(proto.SerializeToString(), max_bytes=max_bytes)
+    return validate_model(proto, proto.SerializeToString())
 
 
 def load_upload_folder(folder: Path, *, max_bytes: int) -> LoadedModel:

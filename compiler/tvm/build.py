@@ -17,7 +17,6 @@ from tvm.relax.frontend.onnx import from_onnx
 from ..arrays import compare_outputs, random_inputs
 from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
-from ..indices import index_bounds
 from ..options import BuildJob
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
@@ -106,7 +105,7 @@ def build_and_verify(job: BuildJob) -> dict:
     if on_cuda and not cuda_available():
         return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}
 
-    inputs = random_inputs(job.bucket, job.dtypes, job.seed, index_bounds(model).limits)
+    inputs = random_inputs(job.bucket, job.dtypes, job.seed, job.index_limits)
     kernel = TvmEngine(job.library_path, job.input_names, job.output_names, device=job.target["kind"])
     reference = OrtEngine(job.model_bytes, cuda=on_cuda)
     comparison = compare_outputs(kernel.run(inputs), reference.run(inputs), job.rtol, job.atol)

@@ -108,8 +108,7 @@ class Inference:
             inference_started = time.perf_counter()
             if kernel is not None:
                 engine_name = bucket.route or "tvm"
-                padded = served.planner.pad(arrays, plan, served.record.config.pad_values)
-                outputs = served.planner.unpad(kernel.run(padded), plan)
+                outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
                 self.metrics.record_padding(model=name, waste=plan.padding_waste())
             else:
                 engine_name = "onnxruntime"

@@ -34,8 +34,7 @@ class ServingKernel:
         self.pad_values = pad_values
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        padded = self.planner.pad(inputs, self.plan, self.pad_values)
-        return self.planner.unpad(self.kernel.run(padded), self.plan)
+        return self.planner.run_padded(self.kernel, inputs, self.plan, self.pad_values)
 
 
 class Router:

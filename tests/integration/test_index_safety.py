@@ -9,8 +9,8 @@ import pytest
 
 from compiler.engines import OrtEngine
 from tests import synthetic
-from tests.integration.serverproc import ServerProcess, metric_value, wait_until
-from tests.integration.test_serving import upload, wait_ready
+from tests.integration.serverproc import ServerProcess, metric_value
+from tests.integration.test_serving import settled_bucket, upload, wait_ready
 
 VOCAB = 50
 CONFIG = {
@@ -67,10 +67,8 @@ def test_a_computed_index_is_never_compiled_and_onnxruntime_refusals_are_400(tmp
     try:
         with server.client() as client:
             assert upload(client, "shifted", data, CONFIG | {"warm_buckets": [{"ids": [1, 8]}]}).status_code == 201
-            bucket = wait_until(
-                lambda: next(b for b in client.get("/models/shifted").json()["buckets"] if b["state"] == "failed"),
-                what="the bucket to fail",
-            )
+            bucket = settled_bucket(client, "shifted")
+            assert bucket["state"] == "failed"
             assert bucket["reason"].startswith("not compiled: input 'ids' reaches the index of Gather 'embedding'")
             ok = client.post("/predict", json={"model": "shifted", "inputs": {"ids": ids(1, VOCAB - 2)}})
             assert (ok.status_code, ok.json()["engine"]) == (200, "onnxruntime")

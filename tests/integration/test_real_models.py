@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from compiler.engines import OrtEngine
-from tests.integration.serverproc import ServerProcess, wait_until
+from tests.integration.serverproc import ServerProcess
+from tests.integration.test_serving import settled_bucket
 from tests.realmodels import DETECTOR, MAGIKA, VAD, real_model
 
 
@@ -17,14 +18,6 @@ def server(tmp_path_factory):
     server = ServerProcess(tmp_path_factory.mktemp("real") / "data").start()
     yield server
     server.stop()
-
-
-def settled(client, name: str) -> dict:
-    def bucket():
-        buckets = client.get(f"/models/{name}").json()["buckets"]
-        return buckets[0] if buckets and buckets[0]["state"] in ("ready", "failed") else None
-
-    return wait_until(bucket, timeout=300, what=f"{name}'s bucket to settle")
 
 
 def serves_like_onnxruntime(client, name: str, data: bytes, inputs: dict, **tolerance) -> dict:
@@ -46,7 +39,7 @@ def test_silero_vad_with_its_scalar_sample_rate(server):
         assert client.put("/models/vad", content=data).status_code == 201
         first = serves_like_onnxruntime(client, "vad", data, inputs | {"sr": 16000}, rtol=1e-5, atol=1e-6)
         assert first["engine"] == "onnxruntime"
-        bucket = settled(client, "vad")
+        bucket = settled_bucket(client, "vad", timeout=300)
         assert bucket["state"] == "ready" or bucket["reason"], bucket  # TVM cannot import its sr-dependent pads
         at_8k = {"input": inputs["input"][:, :256], "state": inputs["state"], "sr": 8000}  # 256-sample windows
         serves_like_onnxruntime(client, "vad", data, at_8k, rtol=1e-4, atol=1e-5)
@@ -66,7 +59,7 @@ def test_magika_bytes_classifier(server):
         described = client.put("/models/magika", content=data).json()
         assert described["axes"]["unk__214"]["effective_policy"] == "pow2"  # batch padding checked safe
         serves_like_onnxruntime(client, "magika", data, inputs, rtol=1e-4, atol=1e-5)
-        bucket = settled(client, "magika")
+        bucket = settled_bucket(client, "magika", timeout=300)
         assert bucket["state"] == "ready", bucket  # a verified kernel, timed against ONNX Runtime
         assert set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}
         answer = serves_like_onnxruntime(client, "magika", data, inputs, rtol=1e-3, atol=1e-4)
@@ -82,6 +75,6 @@ def test_yolov8n_detector(server):
         response = client.put("/models/detector", files={"model": ("320n.onnx", data), "config": (None, config)})
         assert response.status_code == 201, response.text
         serves_like_onnxruntime(client, "detector", data, {"images": image}, rtol=1e-3, atol=1e-3)
-        bucket = settled(client, "detector")
+        bucket = settled_bucket(client, "detector", timeout=300)
         assert bucket["state"] == "ready", bucket
         serves_like_onnxruntime(client, "detector", data, {"images": image}, rtol=1e-3, atol=1e-2)

@@ -36,9 +36,20 @@ def bucket_state(client, model: str, label: str) -> str | None:
     return None
 
 
+def settled_bucket(client, model: str, label: str | None = None, timeout: float = 180) -> dict:
+    """The bucket (``label``, else the first to settle) once it is ready or failed."""
+
+    def find():
+        buckets = client.get(f"/models/{model}").json()["buckets"]
+        found = [b for b in buckets if label is None or b["bucket"] == label]
+        return next((b for b in found if b["state"] in ("ready", "failed")), None)
+
+    return wait_until(find, timeout=timeout, what=f"{model} {label or 'a bucket'} to settle")
+
+
 def wait_ready(client, model: str, label: str) -> None:
-    wait_until(lambda: bucket_state(client, model, label) in ("ready", "failed"), what=f"{model} {label}")
-    assert bucket_state(client, model, label) == "ready", client.get(f"/models/{model}").json()
+    bucket = settled_bucket(client, model, label)
+    assert bucket["state"] == "ready", client.get(f"/models/{model}").json()
 
 
 def predict(client, model: str, x: np.ndarray) -> dict:

@@ -8,20 +8,12 @@ import numpy as np
 
 from compiler.engines import OrtEngine
 from tests import synthetic
-from tests.integration.serverproc import ServerProcess, metric_value, wait_until
-from tests.integration.test_serving import upload
+from tests.integration.serverproc import ServerProcess, metric_value
+from tests.integration.test_serving import settled_bucket, upload
 
 ENCODER = synthetic.bert_encoder_model(layers=1, hidden=64, heads=2, seq=16)
 BUCKET = "x=1x16x64"
 STRICT = {"rtol": 1e-12, "atol": 1e-12}  # TVM's float32 sums differ from ONNX Runtime's by ~1e-6
-
-
-def settled(client, name: str) -> dict:
-    def bucket():
-        found = [b for b in client.get(f"/models/{name}").json()["buckets"] if b["bucket"] == BUCKET]
-        return found[0] if found and found[0]["state"] in ("ready", "failed") else None
-
-    return wait_until(bucket, what=f"{name} {BUCKET} to settle")
 
 
 def test_a_failed_verification_keeps_onnxruntime_serving_and_tolerances_get_their_own_verdict(tmp_path):
@@ -32,7 +24,7 @@ def test_a_failed_verification_keeps_onnxruntime_serving_and_tolerances_get_thei
     try:
         with server.client() as client:
             assert upload(client, "enc", ENCODER, config | STRICT).status_code == 201
-            bucket = settled(client, "enc")
+            bucket = settled_bucket(client, "enc", BUCKET)
             assert bucket["state"] == "failed"
             assert bucket["reason"].startswith("verification against onnxruntime: output 'y' differs by up to")
             answer = client.post("/predict", json={"model": "enc", "inputs": {"x": x.tolist()}}).json()
@@ -43,14 +35,14 @@ def test_a_failed_verification_keeps_onnxruntime_serving_and_tolerances_get_thei
 
             # Looser tolerances: judged again, not handed the stored failure.
             assert upload(client, "enc", ENCODER, config, replace="true").status_code == 201
-            assert settled(client, "enc")["state"] == "ready"
+            assert settled_bucket(client, "enc", BUCKET)["state"] == "ready"
             answer = client.post("/predict", json={"model": "enc", "inputs": {"x": x.tolist()}}).json()
             assert answer["engine"] == "tvm"
             np.testing.assert_allclose(answer["outputs"]["y"], want, rtol=1e-3, atol=1e-4)
 
             # Strict again: not handed the looser run's "verified".
             assert upload(client, "enc", ENCODER, config | STRICT, replace="true").status_code == 201
-            assert settled(client, "enc")["state"] == "failed"
+            assert settled_bucket(client, "enc", BUCKET)["state"] == "failed"
             text = client.get("/metrics").text
             assert metric_value(text, "jitserve_compiles_total", model="enc", outcome="ok") == 1
     finally:

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,10 @@ from compiler.tvm import COMPILER_VERSION
 from server.runtime.metrics import Metrics
 from server.runtime.service import ModelService
 from server.settings import Settings
+from tests.integration.serverproc import wait_until as wait_until_slow
+
+# In-process waits are short and poll often.
+wait_until = partial(wait_until_slow, timeout=20, interval=0.01)
 
 
 class FakeCompiler:
@@ -119,16 +124,6 @@ def make_service(data_dir: Path, compiler: FakeCompiler, kernels: FakeKernels, *
     )
     service.start()
     return service
-
-
-def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def admit(service: ModelService, name: str, data: bytes, config: dict | None = None, **kwargs):
