@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -13,6 +11,7 @@ from compiler.upload import remove_upload
 
 from .auth import require_admin
 from .body import json_bytes, parse_json_object, read_limited, receive_upload
+from .runtime.inference import Job
 from .runtime.service import ModelService
 from .schemas import (
     Health,
@@ -98,21 +97,31 @@ async def delete_model(name: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def _predict(request: Request, name: str | None) -> Response:
-    service = service_of(request)
+def _prepare_json(service: ModelService, body: bytes, name: str | None) -> Job:
+    """A ``/predict`` body parsed and planned; a refusal is counted under the model it names."""
     try:
-        body = parse_json_object(await read_limited(request, request.app.state.settings.max_predict_bytes))
+        parsed = parse_json_object(body)
         if name is None:
-            name = body.get("model")
+            name = parsed.get("model")
             if not isinstance(name, str):
                 raise BadRequestError("missing 'model': the name of the model to run")
-        if "inputs" not in body:
+        if "inputs" not in parsed:
             raise BadRequestError("missing 'inputs': an object of input name -> nested list")
-        future = service.submit_predict(name, body["inputs"])
+        return service.prepare(name, parsed["inputs"])
     except JitServeError as exc:
         service.reject_request(name, exc)
         raise
-    prediction = await asyncio.wrap_future(future)
+
+
+async def _predict(request: Request, name: str | None) -> Response:
+    service = service_of(request)
+    try:
+        body = await read_limited(request, request.app.state.settings.max_predict_bytes)
+    except JitServeError as exc:
+        service.reject_request(name, exc)
+        raise
+    job = await service.decode(len(body), _prepare_json, service, body, name, model=name)
+    prediction = await service.run(job)
     # The engine's share (pad, run, cut back) of the request, for clients comparing it with routing's timings.
     timing = f"inference;dur={prediction.inference_ms:.3f}"
     return Response(json_bytes(prediction.body()), media_type="application/json", headers={"server-timing": timing})

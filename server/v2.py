@@ -4,7 +4,6 @@ tensors. Thin adapters over the same runtime calls as the rest of the API."""
 
 from __future__ import annotations
 
-import asyncio
 from importlib.metadata import version as package_version
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -16,6 +15,7 @@ from compiler.errors import JitServeError, NotFoundError
 from .auth import require_admin
 from .body import read_limited
 from .routes import service_of
+from .runtime.inference import Job
 from .runtime.registry import ServedModel
 from .runtime.service import ModelService
 from .schemas import (
@@ -29,7 +29,7 @@ from .schemas import (
     V2ServerMetadata,
     error_responses,
 )
-from .v2_codec import HEADER_LENGTH, decode_request, encode_response, v2_datatype
+from .v2_codec import HEADER_LENGTH, InferRequest, decode_request, encode_response, v2_datatype
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol"])
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
@@ -113,17 +113,29 @@ INFER = {
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     service = service_of(request)
     try:
-        served = served_version(service, name, version)
+        signature = served_version(service, name, version).model.signature
         body = await read_limited(request, request.app.state.settings.max_infer_bytes)
-        decoded = decode_request(body, request.headers.get(HEADER_LENGTH), served.model.signature)
-        future = service.submit_predict(name, decoded.inputs)
+        header = request.headers.get(HEADER_LENGTH)
+        # Binary tensors cost nothing to decode (frombuffer): only the JSON part counts.
+        size = int(header) if header is not None and header.isdigit() else len(body)
     except JitServeError as exc:
         service.reject_request(name, exc)
         raise
-    prediction = await asyncio.wrap_future(future)
+    decoded, job = await service.decode(size, _prepare, service, name, body, header, signature, model=name)
+    prediction = await service.run(job)
     content, headers = encode_response(prediction.model, prediction.version, decoded, prediction.outputs)
     headers["server-timing"] = f"inference;dur={prediction.inference_ms:.3f}"
     return Response(content, headers=headers)
+
+
+def _prepare(service: ModelService, name: str, body: bytes, header: str | None, signature) -> tuple[InferRequest, Job]:
+    """An infer body decoded, parsed and planned; a refusal is counted."""
+    try:
+        decoded = decode_request(body, header, signature)
+        return decoded, service.prepare(name, decoded.inputs)
+    except JitServeError as exc:
+        service.reject_request(name, exc)
+        raise
 
 
 # -- model repository extension: the stored models, loaded and unloaded under the admin token

@@ -29,11 +29,14 @@ from compiler.padding import probe_padding
 from compiler.target import resolve_target
 
 from ..settings import Settings
+from .batcher import DynamicBatcher, DynamicBatching, find_batch_axis, leading_axis
 from .records import ModelConfig, ModelRecord, ModelStore, check_model_name
 from .registry import Registry, ServedModel
 from .scheduler import CompileScheduler
 
 log = logging.getLogger("jitserve")
+
+BatcherFactory = Callable[[ServedModel, DynamicBatching, set[int]], DynamicBatcher]
 
 DEFAULT_PROBE_SIZE = 32
 
@@ -48,13 +51,16 @@ class Admission:
         *,
         kernel_threads: int,
         tuning_database_dir: Path,
+        start_batcher: BatcherFactory,
     ) -> None:
+        """``start_batcher`` gives a model with a usable batch axis its dynamic batcher."""
         self.settings = settings
         self.registry = registry
         self.models = models
         self.scheduler = scheduler
         self.kernel_threads = kernel_threads
         self.tuning_database_dir = tuning_database_dir
+        self.start_batcher = start_batcher
         # One upload or delete at a time: versions and the store stay consistent.
         self._lock = threading.Lock()
 
@@ -113,11 +119,15 @@ class Admission:
                 served = self.build_served(record, model, ort)
             except BadRequestError as exc:
                 raise BadRequestError(f"config warm_buckets: {exc}") from None
-            warm = [bucket for bucket in served.all_buckets() if bucket.warm]
-            free = self.scheduler.free_slots
-            if self.scheduler.enabled and len(warm) > free:
-                raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
-            self.models.save(record, model.data)
+            try:
+                warm = [bucket for bucket in served.all_buckets() if bucket.warm]
+                free = self.scheduler.free_slots
+                if self.scheduler.enabled and len(warm) > free:
+                    raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
+                self.models.save(record, model.data)
+            except BaseException:
+                served.retire()  # never served: stop its batcher
+                raise
             self.registry.put(served)
             self.scheduler.enqueue_warm(served)
             return served
@@ -145,6 +155,13 @@ class Admission:
         for shapes in config.warm_buckets:
             plan = planner.plan(model.signature.with_static_inputs({k: tuple(v) for k, v in shapes.items()}))
             served.bucket_for(plan.bucket).warm = True
+        if config.dynamic_batching is not None:
+            axis, served.batching = find_batch_axis(model.signature, record.safety)
+            if axis is None:
+                log.warning("model %s: dynamic batching is off: %s", record.name, served.batching)
+            else:
+                preferred = config.dynamic_batching.preferred(planner.effective_policy(axis))
+                served.batcher = self.start_batcher(served, config.dynamic_batching, preferred)
         return served
 
     # -- parts of an upload ----------------------------------------------
@@ -195,6 +212,14 @@ class Admission:
         for name in parsed.pad_values:
             if name not in model.signature.input_names:
                 raise BadRequestError(f"config pad_values names unknown input {name!r}")
+        batching, axis = parsed.dynamic_batching, leading_axis(model.signature)
+        if batching is not None and axis is not None:
+            largest = parsed.policy_for(axis).largest
+            if largest is not None and batching.max_batch_size > largest:
+                raise BadRequestError(
+                    f"config dynamic_batching.max_batch_size {batching.max_batch_size} is beyond "
+                    f"the largest bucket of axis {axis!r} ({largest})"
+                )
         return parsed
 
     def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:

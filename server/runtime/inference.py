@@ -1,31 +1,36 @@
 """The prediction path: parse the inputs, pick the bucket, run its kernel
 (pad, run, cut back) or ONNX Runtime, and account for every request.
 
-Predictions run on a bounded thread pool so that the event loop never
-blocks on a kernel; past its queue requests answer 503.
+A request is prepared (parsed and planned) where it arrives, then run in
+one of three places: its model's dynamic batcher when it has one; the event
+loop itself when its bucket's runs are measured to cost less than a hop to a
+thread; else a bounded thread pool, past whose queue requests answer 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from compiler.arrays import contiguous
-from compiler.buckets import bucket_label
+from compiler.buckets import BucketPlan, bucket_label, pad_inputs
 from compiler.engines import Engine
-from compiler.errors import JitServeError, NotFoundError, UnavailableError
+from compiler.errors import JitServeError, UnavailableError
 
 from .inputs import parse_inputs
 from .kernel_cache import Kernels
 from .metrics import Metrics
 from .registry import Registry, ServedModel
 from .state import BucketState, ServedBucket
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,36 @@ class Prediction:
         }
 
 
+@dataclass
+class Job:
+    """One request, parsed and planned: everything its run needs."""
+
+    served: ServedModel
+    arrays: dict[str, np.ndarray]
+    plan: BucketPlan | None
+    """None for a zero-size input: no bucket, ONNX Runtime runs it as sent."""
+    started: float
+
+    @property
+    def rows(self) -> int:
+        """Entries along dim 0 (the batch axis when the model batches)."""
+        return next(iter(self.arrays.values())).shape[0]
+
+    @property
+    def group(self) -> tuple:
+        """Jobs of one group may be joined along the batch axis: same bucket on every other axis."""
+        assert self.plan is not None
+        return tuple(sorted((name, shape[1:]) for name, shape in self.plan.bucket.items()))
+
+
+@dataclass(frozen=True)
+class Run:
+    outputs: dict[str, np.ndarray]
+    engine: str
+    bucket: str
+    inference_ms: float
+
+
 class Inference:
     def __init__(
         self,
@@ -58,12 +93,14 @@ class Inference:
         *,
         threads: int,
         queue_size: int,
+        inline_max_ms: float,
         first_sight: Callable[[ServedModel, ServedBucket], None],
     ) -> None:
         """``first_sight`` is called for a bucket seen in state ``new``: restore its route or queue a compile."""
         self.registry = registry
         self.kernels = kernels
         self.metrics = metrics
+        self.inline_max_ms = inline_max_ms
         self._first_sight = first_sight
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "jitserve-infer")
         self._slots = threading.BoundedSemaphore(threads + queue_size)
@@ -71,61 +108,131 @@ class Inference:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def submit(self, name: str, inputs: Any) -> concurrent.futures.Future[Prediction]:
-        """Run :meth:`predict` on the bounded inference pool; 503 when it is full."""
-        if not self._slots.acquire(blocking=False):
-            raise UnavailableError("inference pool is full; retry later")
+    # -- where a request runs --------------------------------------------
+
+    async def offload(self, function: Callable[..., T], *args: Any, model: str | None = None) -> T:
+        """``function(*args)`` on the bounded inference pool; 503 (counted for ``model``) when it is full."""
+        self._take_slot(model)
         try:
-            future = self._pool.submit(self.predict, name, inputs)
+            future = self._pool.submit(function, *args)
         except RuntimeError:
             self._slots.release()
             raise UnavailableError("server is shutting down") from None
         future.add_done_callback(lambda _: self._slots.release())
-        return future
+        return await asyncio.wrap_future(future)
 
-    def reject(self, name: str | None, error: JitServeError) -> None:
-        """Count a request refused before it reached a model; only registered names become labels."""
-        model = name if isinstance(name, str) and self.registry.find(name) is not None else ""
-        self.metrics.record_request(model=model, engine="none", code=error.http_status)
+    async def run(self, job: Job) -> Prediction:
+        """Run a prepared request where it costs least (see the module's docstring)."""
+        batcher = job.served.batcher
+        if batcher is not None and job.plan is not None:
+            self._take_slot(job.served.name)
+            try:
+                future = batcher.submit(job, group=job.group, rows=job.rows)
+            except RuntimeError:  # the version was replaced or unloaded a moment ago
+                self._slots.release()
+                return await self.offload(self.execute, job, model=job.served.name)
+            future.add_done_callback(lambda _: self._slots.release())
+            return await asyncio.wrap_future(future)
+        if job.plan is not None and self._cheap(job.served, job.plan):
+            return self.execute(job)
+        return await self.offload(self.execute, job, model=job.served.name)
 
-    def predict(self, name: str, inputs: Any) -> Prediction:
+    def _take_slot(self, model: str | None) -> None:
+        if not self._slots.acquire(blocking=False):
+            error = UnavailableError("inference pool is full; retry later")
+            self.reject(model, error)
+            raise error
+
+    def _cheap(self, served: ServedModel, plan: BucketPlan) -> bool:
+        """Cheaper on the event loop than a hop to a thread: a bucket whose recent runs (so past its
+        first sight) measure below ``inline_max_ms``, and no kernel to load from the store first."""
+        bucket = served.find_bucket(plan.bucket)
+        if bucket is None or not bucket.runs_below(self.inline_max_ms):
+            return False
+        key = bucket.serves_kernel_key
+        return key is None or key in self.kernels.cache
+
+    # -- preparing and running -------------------------------------------
+
+    def prepare(self, served: ServedModel, inputs: Any) -> Job:
+        """Parse and plan a request: 400 naming what is wrong."""
         started = time.perf_counter()
-        served = self.registry.find(name)
-        if served is None:
-            self.metrics.record_request(model="", engine="none", code=404)
-            raise NotFoundError(f"model {name!r} not found")
-        engine_name = "none"
+        arrays = parse_inputs(served.model.signature, inputs, served.model.index_bounds.ranges)
+        if any(array.size == 0 for array in arrays.values()):
+            return Job(served, arrays, None, started)  # nothing to pad, nothing worth a kernel
+        return Job(served, arrays, served.planner.plan({k: v.shape for k, v in arrays.items()}), started)
+
+    def predict(self, served: ServedModel, inputs: Any) -> Prediction:
+        """Prepare and run a request here and now (tests, and callers that are threads already)."""
+        return self.execute(self.prepare(served, inputs))
+
+    def execute(self, job: Job) -> Prediction:
         try:
-            arrays = parse_inputs(served.model.signature, inputs, served.model.index_bounds.ranges)
-            if any(array.size == 0 for array in arrays.values()):
-                # No bucket for a zero-size input (nothing to pad, nothing worth a kernel).
-                label, kernel = bucket_label({k: v.shape for k, v in arrays.items()}), None
-            else:
-                plan = served.planner.plan({k: v.shape for k, v in arrays.items()})
-                bucket = served.bucket_for(plan.bucket)
-                bucket.record_hit()
-                label, kernel = bucket.label, self._kernel_for(served, bucket)
-            inference_started = time.perf_counter()
-            if kernel is not None:
-                engine_name = bucket.route or "tvm"
-                outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
-                self.metrics.record_padding(model=name, waste=plan.padding_waste())
-            else:
-                engine_name = "onnxruntime"
-                outputs = served.ort.run(arrays)
-            inference_ms = (time.perf_counter() - inference_started) * 1000
+            run = self._run(job.served, job.arrays, job.plan)
         except JitServeError as exc:
-            self.metrics.record_request(model=name, engine=engine_name, code=exc.http_status)
+            self.metrics.record_request(model=job.served.name, engine="none", code=exc.http_status)
             raise
-        self.metrics.record_request(model=name, engine=engine_name, code=200, seconds=time.perf_counter() - started)
+        return self._answer(job, run.outputs, run)
+
+    def execute_batch(self, jobs: list[Job]) -> list[Prediction | Exception]:
+        """Jobs of one group as one run along the batch axis, split back; when the joint run
+        fails, each job runs alone so that only the one at fault fails."""
+        if len(jobs) > 1:
+            served = jobs[0].served
+            try:
+                joined = _join(jobs, served.record.config.pad_values)
+                plan = served.planner.plan({name: array.shape for name, array in joined.items()})
+                run = self._run(served, joined, plan)
+            except Exception:  # noqa: BLE001 - retried alone below; each job's own error is reported
+                pass
+            else:
+                answers, offset = [], 0
+                for job in jobs:
+                    rows = {name: out[offset : offset + job.rows] for name, out in run.outputs.items()}
+                    answers.append(self._answer(job, served.planner.unpad(rows, job.plan), run))
+                    offset += job.rows
+                return answers
+        return [_result_of(self.execute, job) for job in jobs]
+
+    def _answer(self, job: Job, outputs: dict[str, np.ndarray], run: Run) -> Prediction:
+        served = job.served
+        self.metrics.record_request(
+            model=served.name, engine=run.engine, code=200, seconds=time.perf_counter() - job.started
+        )
         return Prediction(
-            model=name,
+            model=served.name,
             version=served.record.version,
             outputs={k: contiguous(v) for k, v in outputs.items()},
-            engine=engine_name,
-            bucket=label,
-            inference_ms=inference_ms,
+            engine=run.engine,
+            bucket=run.bucket,
+            inference_ms=run.inference_ms,
         )
+
+    def _run(self, served: ServedModel, arrays: dict[str, np.ndarray], plan: BucketPlan | None) -> Run:
+        kernel = bucket = None
+        if plan is None:
+            label = bucket_label({k: v.shape for k, v in arrays.items()})
+        else:
+            bucket = served.bucket_for(plan.bucket)
+            bucket.record_hit()
+            label, kernel = bucket.label, self._kernel_for(served, bucket)
+        started = time.perf_counter()
+        if kernel is not None:
+            engine = bucket.route or "tvm"
+            outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
+            self.metrics.record_padding(model=served.name, waste=plan.padding_waste())
+        else:
+            engine = "onnxruntime"
+            outputs = served.ort.run(arrays)
+        inference_ms = (time.perf_counter() - started) * 1000
+        if bucket is not None:
+            bucket.observe_run(inference_ms)
+        return Run(outputs, engine, label, inference_ms)
+
+    def reject(self, name: str | None, error: JitServeError) -> None:
+        """Count a request refused before it ran; only registered names become labels."""
+        model = name if isinstance(name, str) and self.registry.find(name) is not None else ""
+        self.metrics.record_request(model=model, engine="none", code=error.http_status)
 
     def _kernel_for(self, served: ServedModel, bucket: ServedBucket) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""
@@ -143,3 +250,21 @@ class Inference:
             engine = self.kernels.load(key, served.model.signature, served.target)
             self.metrics.record_reload(model=served.name)
         return engine
+
+
+def _join(jobs: list[Job], pad_values: dict[str, float]) -> dict[str, np.ndarray]:
+    """Every job padded to the group's bucket on its other axes, concatenated along dim 0."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for job in jobs:
+        assert job.plan is not None
+        target = {name: (job.rows, *shape[1:]) for name, shape in job.plan.bucket.items()}
+        for name, array in pad_inputs(job.arrays, target, pad_values).items():
+            parts.setdefault(name, []).append(array)
+    return {name: np.concatenate(arrays) for name, arrays in parts.items()}
+
+
+def _result_of(function: Callable[[Job], Prediction], job: Job) -> Prediction | Exception:
+    try:
+        return function(job)
+    except Exception as exc:  # noqa: BLE001 - handed to the job's own future
+        return exc

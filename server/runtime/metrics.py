@@ -14,6 +14,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+QUEUE_DELAY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 RECOMPILE_REASONS = ("new_model_version", "artifact_missing", "target_or_compiler_changed")
@@ -103,6 +105,21 @@ class Metrics:
             registry=r,
         )
 
+        self.batch_size = Histogram(
+            "jitserve_batch_size",
+            "Rows (entries along the batch axis) per run of a dynamically batched model.",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_queue_delay = Histogram(
+            "jitserve_batch_queue_delay_seconds",
+            "Time a request waited in its model's batching queue before its batch ran.",
+            ["model"],
+            buckets=QUEUE_DELAY_BUCKETS,
+            registry=r,
+        )
+
     def record_compile(self, *, model: str, target: str, tier: str, outcome: str, seconds: float | None) -> None:
         self.compiles.labels(model, target, tier, outcome).inc()
         if seconds is not None:
@@ -140,6 +157,12 @@ class Metrics:
 
     def record_padding(self, *, model: str, waste: float) -> None:
         self.padding_waste.labels(model).observe(waste)
+
+    def record_batch(self, *, model: str, rows: int, waits: list[float]) -> None:
+        self.batch_size.labels(model).observe(rows)
+        delay = self.batch_queue_delay.labels(model)
+        for seconds in waits:
+            delay.observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.errors import BadRequestError
 
+from .batcher import DynamicBatching
 from .state import TuningStatus
 
 log = logging.getLogger("jitserve")
@@ -57,6 +58,9 @@ class ModelConfig(BaseModel):
     target: str | None = Field(None, description="llvm, cuda or a JSON target; default from settings")
     rtol: float | None = Field(None, gt=0, description="verification rtol; default from settings")
     atol: float | None = Field(None, gt=0, description="verification atol; default from settings")
+    dynamic_batching: DynamicBatching | None = Field(
+        None, description="join concurrent requests along the batch axis into one run (off when absent)"
+    )
 
     def policy_for(self, axis: str) -> AxisPolicy:
         return self.axes.get(axis, self.default_axis_policy)

@@ -17,6 +17,7 @@ from compiler.errors import NotFoundError
 from compiler.model import LoadedModel
 from compiler.options import CompileOptions
 
+from .batcher import DynamicBatcher
 from .records import ModelRecord
 from .state import BucketState, ServedBucket
 
@@ -33,8 +34,17 @@ class ServedModel:
     options: CompileOptions
     key_of: Callable[[Bucket], str]
     buckets: dict[str, ServedBucket] = field(default_factory=dict)
+    batcher: DynamicBatcher | None = None
+    batching: str | None = None
+    """Why requests are or are not joined into batches (None: batching not configured)."""
     retired: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def retire(self) -> None:
+        """Replaced or unloaded: compiles and tuning stop touching the store, queued batches still run."""
+        self.retired = True
+        if self.batcher is not None:
+            self.batcher.close()
 
     @property
     def name(self) -> str:
@@ -52,6 +62,9 @@ class ServedModel:
             if served is None:
                 served = self.buckets[label] = ServedBucket(label, bucket, self.key_of(bucket))
             return served
+
+    def find_bucket(self, bucket: Bucket) -> ServedBucket | None:
+        return self.buckets.get(bucket_label(bucket))
 
     def all_buckets(self) -> list[ServedBucket]:
         with self.lock:
@@ -79,6 +92,13 @@ class ServedModel:
                 for axis in signature.axes()
             },
             "overflow": record.config.overflow,
+            "dynamic_batching": None
+            if self.batching is None
+            else {
+                "enabled": self.batcher is not None,
+                "reason": self.batching,
+                **(record.config.dynamic_batching.model_dump() if record.config.dynamic_batching else {}),
+            },
             "buckets": [bucket.describe() for bucket in self.all_buckets()],
         }
 
@@ -111,12 +131,12 @@ class Registry:
             previous = self._models.get(served.name)
             self._models[served.name] = served
         if previous is not None and previous is not served:
-            previous.retired = True
+            previous.retire()
 
     def remove(self, name: str) -> ServedModel:
         with self._lock:
             served = self._models.pop(name, None)
         if served is None:
             raise NotFoundError(f"model {name!r} not found")
-        served.retired = True
+        served.retire()
         return served

@@ -8,10 +8,10 @@ background (single-flight, bounded queue, child processes).
 
 from __future__ import annotations
 
-import concurrent.futures
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from compiler.build import compile_bucket
 from compiler.errors import JitServeError
@@ -22,8 +22,9 @@ from compiler.upload import load_upload_folder, upload_folder
 
 from ..settings import Settings
 from .admission import Admission
+from .batcher import DynamicBatcher, DynamicBatching
 from .builds import BucketBuilder, CompileFunction
-from .inference import Inference, Prediction
+from .inference import Inference, Job, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .metrics import Metrics
 from .records import ModelStore
@@ -32,6 +33,12 @@ from .router import Router
 from .scheduler import CompileScheduler
 from .state import ServedBucket
 from .tuner import BackgroundTuner
+
+T = TypeVar("T")
+
+INLINE_DECODE_BYTES = 32 * 1024
+"""Request bodies (or V2 JSON headers) up to this size are decoded on the event loop; bigger ones on
+the inference pool, so that parsing a large JSON tensor never stalls other requests."""
 
 
 class ModelService:
@@ -59,6 +66,15 @@ class ModelService:
         self.scheduler = CompileScheduler(
             settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
         )
+        self.inference = Inference(
+            self.registry,
+            self.kernels,
+            metrics,
+            threads=settings.inference_threads,
+            queue_size=settings.inference_queue_size,
+            inline_max_ms=settings.inline_max_ms,
+            first_sight=self._first_sight,
+        )
         self.admission = Admission(
             settings,
             self.registry,
@@ -66,14 +82,7 @@ class ModelService:
             self.scheduler,
             kernel_threads=kernel_threads,
             tuning_database_dir=self.tuning_database_dir,
-        )
-        self.inference = Inference(
-            self.registry,
-            self.kernels,
-            metrics,
-            threads=settings.inference_threads,
-            queue_size=settings.inference_queue_size,
-            first_sight=self._first_sight,
+            start_batcher=self._start_batcher,
         )
         self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
 
@@ -88,6 +97,8 @@ class ModelService:
     def close(self) -> None:
         self.tuner.stop()
         self.scheduler.close()
+        for served in self.registry.all():
+            served.retire()
         self.inference.close()
 
     @property
@@ -152,15 +163,36 @@ class ModelService:
 
     # -- predictions -----------------------------------------------------
 
-    def submit_predict(self, name: str, inputs: Any) -> concurrent.futures.Future[Prediction]:
-        return self.inference.submit(name, inputs)
+    async def decode(self, size: int, function: Callable[..., T], *args: Any, model: str | None = None) -> T:
+        """Run a request's decoder: on the event loop when ``size`` (its body's bytes to parse) is
+        small, else on the inference pool (a full pool is counted for ``model``)."""
+        if size <= INLINE_DECODE_BYTES:
+            return function(*args)
+        return await self.inference.offload(function, *args, model=model)
+
+    def prepare(self, name: str, inputs: Any) -> Job:
+        """A request for model ``name`` parsed and planned: 404 or 400 naming what is wrong."""
+        return self.inference.prepare(self.registry.get(name), inputs)
+
+    async def run(self, job: Job) -> Prediction:
+        """Run a prepared request: batched, on the event loop or on the inference pool."""
+        return await self.inference.run(job)
 
     def predict(self, name: str, inputs: Any) -> Prediction:
-        return self.inference.predict(name, inputs)
+        """Prepare and run a request in the calling thread."""
+        try:
+            job = self.prepare(name, inputs)
+        except JitServeError as exc:
+            self.reject_request(name, exc)
+            raise
+        return self.inference.execute(job)
 
     def reject_request(self, name: str | None, error: JitServeError) -> None:
-        """Count a prediction refused before it reached a model (bad body, full pool)."""
+        """Count a prediction refused before it ran (bad body, bad inputs, full queue)."""
         self.inference.reject(name, error)
+
+    def _start_batcher(self, served: ServedModel, config: DynamicBatching, preferred: set[int]) -> DynamicBatcher:
+        return DynamicBatcher(served.name, config, preferred, self.inference.execute_batch, self.metrics)
 
     def _first_sight(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A bucket no request has used yet: restore its route from an earlier process, else queue its compile."""

@@ -60,6 +60,11 @@ class TuningStatus(BaseModel):
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
+RUN_AVERAGE_WEIGHT = 0.2
+"""Weight of the newest run in a bucket's moving average of run times."""
+RUNS_TO_TELL = 8
+
+
 class ServedBucket:
     """One bucket of a served model: its state, route, measured latencies, tuning and hits."""
 
@@ -76,6 +81,8 @@ class ServedBucket:
         self.tuned_key: str | None = None
         self.tuning: TuningStatus | None = None
         self._hits = 0
+        self._runs = 0
+        self._run_ms = 0.0
         self._lock = threading.Lock()
 
     # -- transitions -----------------------------------------------------
@@ -125,6 +132,16 @@ class ServedBucket:
     @property
     def hits(self) -> int:
         return self._hits
+
+    def observe_run(self, ms: float) -> None:
+        """One run of the engine serving the bucket, averaged over the recent ones."""
+        with self._lock:
+            self._run_ms = ms if self._runs == 0 else self._run_ms + RUN_AVERAGE_WEIGHT * (ms - self._run_ms)
+            self._runs += 1
+
+    def runs_below(self, ms: float) -> bool:
+        """Its recent runs took less than ``ms`` on average (after enough of them to tell)."""
+        return self._runs >= RUNS_TO_TELL and self._run_ms < ms
 
     @property
     def serves_kernel_key(self) -> str | None:

@@ -1,0 +1,228 @@
+"""Dynamic batching, bucket-aware: concurrent requests of one model whose
+other axes fall in the same bucket are joined along the batch axis into one
+run, then split back.
+
+One owner thread per batching model holds the waiting requests in a private
+:class:`BatchQueue` (unit-tested without threads); requests reach it through
+an inbox. While a batch runs, new requests wait in the inbox, so under load
+the next batch is formed from them at once; under light load a request waits
+at most ``max_queue_delay_us`` for company.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from compiler.buckets import AxisPolicy, AxisSafety
+from compiler.signature import Signature
+
+from .metrics import Metrics
+
+
+class DynamicBatching(BaseModel):
+    """A model's ``dynamic_batching`` config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int = Field(8, ge=1, le=4096, description="most rows (batch-axis entries) in one run")
+    max_queue_delay_us: int = Field(
+        500, ge=0, le=10_000_000, description="longest a request waits for others to join it, in microseconds"
+    )
+    preferred_batch_sizes: list[int] | None = Field(
+        None, description="row counts dispatched without waiting for more; default: the batch axis's buckets"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DynamicBatching:
+        if self.preferred_batch_sizes is not None:
+            if any(not 1 <= size <= self.max_batch_size for size in self.preferred_batch_sizes):
+                raise ValueError("preferred_batch_sizes must lie in 1..max_batch_size")
+            self.preferred_batch_sizes = sorted(set(self.preferred_batch_sizes))
+        return self
+
+    def preferred(self, policy: AxisPolicy) -> set[int]:
+        """The preferred row counts: as configured, else the batch axis's bucket sizes up to the maximum."""
+        if self.preferred_batch_sizes is not None:
+            return set(self.preferred_batch_sizes)
+        sizes = {policy.bucket_size(rows) for rows in range(1, self.max_batch_size + 1)}
+        return {size for size in sizes if size is not None and size <= self.max_batch_size}
+
+
+def leading_axis(signature: Signature) -> str | None:
+    """The symbolic axis that is dim 0 of every input, if there is one."""
+    firsts = {spec.dims[0] if spec.dims else None for spec in signature.inputs}
+    axis = firsts.pop() if len(firsts) == 1 else None
+    return axis if isinstance(axis, str) else None
+
+
+def find_batch_axis(signature: Signature, safety: dict[str, AxisSafety]) -> tuple[str | None, str]:
+    """The axis requests can be joined along, or None and why not.
+
+    It must be dim 0 of every input, verified padding-safe, and dim 0 of every
+    output must follow it (what the padding-safety check found).
+    """
+    axis = leading_axis(signature)
+    if axis is None:
+        return None, "dim 0 of the inputs is not one shared symbolic axis"
+    check = safety.get(axis)
+    if check is None or not check.safe:
+        return None, f"axis {axis!r} is not verified padding-safe: {check.reason if check else 'not checked'}"
+    for output in signature.output_names:
+        if 0 not in check.output_axes.get(output, []):
+            return None, f"dim 0 of output {output!r} does not follow axis {axis!r}"
+    return axis, f"requests are joined along axis {axis!r}"
+
+
+@dataclass
+class Waiting:
+    """One request in the queue."""
+
+    item: Any
+    group: Hashable
+    rows: int
+    arrived: float
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class BatchQueue:
+    """The owner thread's private state: the waiting requests, grouped, and when a batch goes."""
+
+    def __init__(self, max_batch_size: int, max_delay_s: float, preferred: set[int]) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_s
+        self.preferred = preferred
+        self._groups: dict[Hashable, list[Waiting]] = {}  # in order of their oldest request
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self._groups.values())
+
+    def add(self, waiting: Waiting) -> None:
+        self._groups.setdefault(waiting.group, []).append(waiting)
+
+    def deadline(self) -> float | None:
+        """When the oldest waiting request must be dispatched; None when nothing waits."""
+        oldest = min((group[0].arrived for group in self._groups.values()), default=None)
+        return None if oldest is None else oldest + self.max_delay_s
+
+    def take(self, now: float, *, flush: bool = False) -> list[Waiting] | None:
+        """The next batch to run, oldest group first; None while every group may still wait.
+
+        A group goes when it cannot grow (the next request would pass the
+        maximum), when its rows are a preferred size, or when its oldest
+        request has waited the delay; ``flush`` sends any group.
+        """
+        for key, group in self._groups.items():
+            batch, rows = [], 0
+            for waiting in group:
+                if batch and rows + waiting.rows > self.max_batch_size:
+                    break
+                batch.append(waiting)
+                rows += waiting.rows
+            full = len(batch) < len(group) or rows >= self.max_batch_size
+            if flush or full or rows in self.preferred or now >= group[0].arrived + self.max_delay_s:
+                del group[: len(batch)]
+                if not group:
+                    del self._groups[key]
+                return batch
+        return None
+
+
+_STOP = object()
+
+
+class DynamicBatcher:
+    """One model's batching queue and the owner thread that forms and runs its batches."""
+
+    def __init__(
+        self,
+        model: str,
+        config: DynamicBatching,
+        preferred: set[int],
+        run_batch: Callable[[list[Any]], list[Any]],
+        metrics: Metrics,
+    ) -> None:
+        """``run_batch`` takes the items of one batch and returns, per item, its result or its exception."""
+        self.model = model
+        self.config = config
+        self._queue = BatchQueue(config.max_batch_size, config.max_queue_delay_us / 1e6, preferred)
+        self._run_batch = run_batch
+        self._metrics = metrics
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._own, name=f"jitserve-batch-{model}", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Any, *, group: Hashable, rows: int) -> concurrent.futures.Future:
+        """Queue ``item`` (``rows`` along the batch axis) to run with others of its ``group``."""
+        if self._closed:
+            raise RuntimeError("batcher is closed")
+        waiting = Waiting(item, group, rows, time.monotonic())
+        self._inbox.put(waiting)
+        return waiting.future
+
+    def close(self) -> None:
+        """Run what is queued, then stop the owner thread."""
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(_STOP)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _own(self) -> None:
+        stopping = False
+        while True:
+            stopping = self._drain() or stopping
+            batch = self._queue.take(time.monotonic(), flush=stopping)
+            if batch:
+                self._run(batch)
+                continue
+            if stopping:
+                return
+            deadline = self._queue.deadline()
+            try:
+                waiting = self._inbox.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                continue
+            if waiting is _STOP:
+                stopping = True
+            else:
+                self._queue.add(waiting)
+
+    def _drain(self) -> bool:
+        """Move everything in the inbox into the queue; True when asked to stop."""
+        stop = False
+        while True:
+            try:
+                waiting = self._inbox.get_nowait()
+            except queue.Empty:
+                return stop
+            if waiting is _STOP:
+                stop = True
+            else:
+                self._queue.add(waiting)
+
+    def _run(self, batch: list[Waiting]) -> None:
+        started = time.monotonic()
+        self._metrics.record_batch(
+            model=self.model, rows=sum(w.rows for w in batch), waits=[started - w.arrived for w in batch]
+        )
+        try:
+            results = self._run_batch([w.item for w in batch])
+        except Exception as exc:  # noqa: BLE001 - a bug in the run fails its requests, not the owner thread
+            results = [exc] * len(batch)
+        for waiting, result in zip(batch, results, strict=True):
+            if not waiting.future.set_running_or_notify_cancel():
+                continue  # the client went away
+            if isinstance(result, BaseException):
+                waiting.future.set_exception(result)
+            else:
+                waiting.future.set_result(result)
