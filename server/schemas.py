@@ -35,6 +35,14 @@ class AxisDescription(BaseModel):
     padding_safety: dict[str, Any] | None = Field(description="the padding-safety check's result")
 
 
+class BatchingDescription(BaseModel):
+    enabled: bool = Field(description="whether concurrent requests are joined into one run")
+    reason: str = Field(description="the batch axis it joins along, or why batching is off")
+    max_batch_size: int
+    max_queue_delay_us: int
+    preferred_batch_sizes: list[int] | None
+
+
 class ModelDescription(BaseModel):
     name: str
     version: int
@@ -43,6 +51,7 @@ class ModelDescription(BaseModel):
     signature: dict[str, Any] = Field(description="inputs and outputs with dtypes and dims")
     axes: dict[str, AxisDescription]
     overflow: str
+    dynamic_batching: BatchingDescription | None = Field(None, description="null: not configured")
     buckets: list[Bucket]
 
 

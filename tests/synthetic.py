@@ -289,3 +289,18 @@ def scalar_input_model(pad: int = 64) -> bytes:
         ],
     )
     return make_model(graph).SerializeToString()
+
+
+def gather_rows_model(rows: int = 10, dim: int = 4) -> bytes:
+    """``y = GatherND(table, idx)`` over ``idx: [batch, 1]`` int64: rows of a table. GatherND's
+    indices have no bound jitserve checks, so only ONNX Runtime tells an index out of range."""
+    rng = np.random.default_rng(7)
+    table = numpy_helper.from_array(rng.standard_normal((rows, dim)).astype(np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("GatherND", ["table", "idx"], ["y"])],
+        "gather_rows",
+        [value("idx", "int64", ["batch", 1])],
+        [value("y", "float32", ["batch", dim])],
+        initializer=[table],
+    )
+    return make_model(graph).SerializeToString()

@@ -55,6 +55,10 @@ SERVER_SETTINGS = {
 }
 CLF_CONFIG = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "warm_buckets": [{"x": [1, 4]}]}
 CLF_BUCKETS = {1: "x=1x4", 3: "x=4x4", 5: "x=8x4"}
+BATCHED_CONFIG = {
+    "axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}},
+    "dynamic_batching": {"max_batch_size": 8, "max_queue_delay_us": 1000},
+}
 
 
 # -- the dashboard ---------------------------------------------------------------
@@ -202,7 +206,8 @@ def tuned(client) -> bool:
 
 
 def generate_load(client) -> None:
-    """Compiles, a recompile, cache hits, misses, reloads and evictions, padding, 400s and 404s, one tuning run."""
+    """Compiles, a recompile, cache hits, misses, reloads and evictions, padding, 400s and 404s, one tuning run,
+    batched runs."""
     # The tuned bucket first: tuning takes the longest and runs while the rest goes on.
     assert upload(client, "mlp", demo_model_bytes()).status_code == 201
     assert ask(client, "mlp", 8)["engine"] == "onnxruntime"  # compiled meanwhile
@@ -220,6 +225,8 @@ def generate_load(client) -> None:
     for n in CLF_BUCKETS:  # three clf kernels and mlp's through a cache of two
         ask(client, "clf", n)
     errors(client)
+    assert upload(client, "batched", variant(clf, "batched"), BATCHED_CONFIG).status_code == 201
+    ask(client, "batched", 2)
 
     replaced = upload(client, "clf", variant(clf, "v2"), CLF_CONFIG, replace="true")
     assert replaced.status_code == 201 and replaced.json()["version"] == 2, replaced.text
@@ -232,6 +239,7 @@ def generate_load(client) -> None:
         ask(client, "mlp", 6)
         for n in CLF_BUCKETS:
             ask(client, "clf", n)
+        ask(client, "batched", 3)
     errors(client)
 
 
