@@ -15,7 +15,7 @@ from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import upload, wait_ready
 
-PATIENT = 10_000_000  # us (the most allowed): only a full (preferred) batch makes these batchers go before the test ends
+PATIENT = 10_000_000  # us, the most allowed: only a full (preferred) batch goes before the test ends
 
 
 def batch_metrics(client, model: str) -> tuple[float, float]:
