@@ -189,7 +189,7 @@ class Admission:
             return OrtEngine(
                 model.data,
                 cuda=target["kind"] == "cuda",
-                threads=self.settings.kernel_threads or None,
+                threads=self.settings.ort_threads or self.settings.kernel_threads or None,
                 spinning=self.settings.ort_spinning,
             )
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types

@@ -139,7 +139,12 @@ _STOP = object()
 
 
 class DynamicBatcher:
-    """One model's batching queue and the owner thread that forms and runs its batches."""
+    """One model's batching queue and the owner thread that forms its batches.
+
+    Like Triton's dynamic batcher, a batch is formed only when one of the
+    model's ``instances`` is free to run it (on ``executor``): while every
+    instance is busy, requests pile up and the next batch takes them all.
+    """
 
     def __init__(
         self,
@@ -148,6 +153,9 @@ class DynamicBatcher:
         preferred: set[int],
         run_batch: Callable[[list[Any]], list[Any]],
         metrics: Metrics,
+        *,
+        instances: int,
+        executor: concurrent.futures.Executor,
     ) -> None:
         """``run_batch`` takes the items of one batch and returns, per item, its result or its exception."""
         self.model = model
@@ -155,8 +163,11 @@ class DynamicBatcher:
         self._queue = BatchQueue(config.max_batch_size, config.max_queue_delay_us / 1e6, preferred)
         self._run_batch = run_batch
         self._metrics = metrics
+        self._executor = executor
+        self._free = threading.Semaphore(instances)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._stopping = False
         self._thread = threading.Thread(target=self._own, name=f"jitserve-batch-{model}", daemon=True)
         self._thread.start()
 
@@ -178,47 +189,61 @@ class DynamicBatcher:
         self._thread.join(timeout)
 
     def _own(self) -> None:
-        stopping = False
         while True:
-            stopping = self._drain() or stopping
-            batch = self._queue.take(time.monotonic(), flush=stopping)
-            if batch:
-                self._run(batch)
-                continue
-            if stopping:
+            self._free.acquire()  # an instance to run the next batch
+            batch = self._next_batch()
+            if batch is None:
                 return
+            try:
+                self._executor.submit(self._run, batch)
+            except RuntimeError as exc:  # the executor is shut down
+                self._free.release()
+                self._settle(batch, [exc] * len(batch))
+
+    def _next_batch(self) -> list[Waiting] | None:
+        """The next batch, waiting for company up to its delay; None once closed and empty."""
+        while True:
+            self._drain()
+            batch = self._queue.take(time.monotonic(), flush=self._stopping)
+            if batch or self._stopping:
+                return batch
             deadline = self._queue.deadline()
             try:
                 waiting = self._inbox.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 continue
             if waiting is _STOP:
-                stopping = True
+                self._stopping = True
             else:
                 self._queue.add(waiting)
 
-    def _drain(self) -> bool:
-        """Move everything in the inbox into the queue; True when asked to stop."""
-        stop = False
+    def _drain(self) -> None:
         while True:
             try:
                 waiting = self._inbox.get_nowait()
             except queue.Empty:
-                return stop
+                return
             if waiting is _STOP:
-                stop = True
+                self._stopping = True
             else:
                 self._queue.add(waiting)
 
     def _run(self, batch: list[Waiting]) -> None:
-        started = time.monotonic()
-        self._metrics.record_batch(
-            model=self.model, rows=sum(w.rows for w in batch), waits=[started - w.arrived for w in batch]
-        )
         try:
-            results = self._run_batch([w.item for w in batch])
-        except Exception as exc:  # noqa: BLE001 - a bug in the run fails its requests, not the owner thread
-            results = [exc] * len(batch)
+            started = time.monotonic()
+            self._metrics.record_batch(
+                model=self.model, rows=sum(w.rows for w in batch), waits=[started - w.arrived for w in batch]
+            )
+            try:
+                results = self._run_batch([w.item for w in batch])
+            except Exception as exc:  # noqa: BLE001 - a bug in the run fails its requests, not the batcher
+                results = [exc] * len(batch)
+            self._settle(batch, results)
+        finally:
+            self._free.release()
+
+    @staticmethod
+    def _settle(batch: list[Waiting], results: list[Any]) -> None:
         for waiting, result in zip(batch, results, strict=True):
             if not waiting.future.set_running_or_notify_cancel():
                 continue  # the client went away

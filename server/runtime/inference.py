@@ -102,11 +102,11 @@ class Inference:
         self.metrics = metrics
         self.inline_max_ms = inline_max_ms
         self._first_sight = first_sight
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "jitserve-infer")
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads, "jitserve-infer")
         self._slots = threading.BoundedSemaphore(threads + queue_size)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- where a request runs --------------------------------------------
 
@@ -114,7 +114,7 @@ class Inference:
         """``function(*args)`` on the bounded inference pool; 503 (counted for ``model``) when it is full."""
         self._take_slot(model)
         try:
-            future = self._pool.submit(function, *args)
+            future = self.pool.submit(function, *args)
         except RuntimeError:
             self._slots.release()
             raise UnavailableError("server is shutting down") from None

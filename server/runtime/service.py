@@ -192,7 +192,15 @@ class ModelService:
         self.inference.reject(name, error)
 
     def _start_batcher(self, served: ServedModel, config: DynamicBatching, preferred: set[int]) -> DynamicBatcher:
-        return DynamicBatcher(served.name, config, preferred, self.inference.execute_batch, self.metrics)
+        return DynamicBatcher(
+            served.name,
+            config,
+            preferred,
+            self.inference.execute_batch,
+            self.metrics,
+            instances=self.settings.inference_threads,
+            executor=self.inference.pool,
+        )
 
     def _first_sight(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A bucket no request has used yet: restore its route from an earlier process, else queue its compile."""

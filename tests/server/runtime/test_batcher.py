@@ -3,6 +3,7 @@ run, and which models may batch."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -110,9 +111,13 @@ class Recorder:
         return [ValueError(item) if item == self.fail else item.upper() for item in items]
 
 
-def batcher(run, **config) -> DynamicBatcher:
+POOL = concurrent.futures.ThreadPoolExecutor(2)
+
+
+def batcher(run, instances: int = 1, **config) -> DynamicBatcher:
     config = DynamicBatching(**config)
-    return DynamicBatcher("m", config, set(config.preferred_batch_sizes or []), run, Metrics())
+    preferred = set(config.preferred_batch_sizes or [])
+    return DynamicBatcher("m", config, preferred, run, Metrics(), instances=instances, executor=POOL)
 
 
 def test_a_lone_request_waits_the_delay_and_no_longer():
@@ -162,5 +167,19 @@ def test_a_cancelled_request_is_skipped():
     assert gone.cancel()
     kept = owner.submit("b", group="g", rows=1)
     assert kept.result(timeout=5) == "B"
+    owner.close()
+    owner.join(5)
+
+
+def test_each_free_instance_takes_a_batch():
+    run = Recorder(seconds=0.3)
+    owner = batcher(run, instances=2, max_batch_size=8, max_queue_delay_us=0)
+    started = time.monotonic()
+    first = owner.submit("a", group="g", rows=1)
+    assert run.started.wait(5)
+    second = owner.submit("b", group="g", rows=1)  # the second instance is free: no waiting for the first
+    assert (first.result(timeout=5), second.result(timeout=5)) == ("A", "B")
+    assert time.monotonic() - started < 0.3 + 0.25
+    assert run.batches == [["a"], ["b"]]
     owner.close()
     owner.join(5)
