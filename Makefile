@@ -17,10 +17,18 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# KServe's REST client for tests/integration/test_v2.py, in an environment of its own:
+# its pins (psutil<6, starlette>=1.3) clash with jitserve's.
+KSERVE_VENV := .cache/kserve-venv
+$(KSERVE_VENV)/.installed:
+	python3 -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/pip install --quiet kserve==0.21.0
+	touch $@
+
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: lint
+test: lint $(KSERVE_VENV)/.installed
 	$(PY) -m pytest
 
 run: install

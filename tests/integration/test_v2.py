@@ -4,6 +4,11 @@ with JSON and binary tensors, errors."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import httpx
 import numpy as np
 import orjson
@@ -18,6 +23,8 @@ from tests.integration.serverproc import ServerProcess
 from tests.integration.test_serving import upload
 
 DEMO = demo_model_bytes()
+REPO = Path(__file__).resolve().parents[2]
+KSERVE_PYTHON = REPO / ".cache" / "kserve-venv" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +151,26 @@ def test_repository_calls_need_the_admin_token(tmp_path):
             assert ok.status_code == 200 and ok.json() == []
     finally:
         server.stop()
+
+
+def test_kserve_rest_client_json_and_binary(server):
+    if not KSERVE_PYTHON.exists():
+        message = "KServe's client is not installed: make test installs it into .cache/kserve-venv"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    run = subprocess.run(
+        [str(KSERVE_PYTHON), "tests/integration/kserve_client.py", server.url, "demo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout)
+    assert (found["live"], found["ready"], found["model_ready"]) == (True, True, True)
+    want = OrtEngine(DEMO).run({"x": np.asarray(found["input"], np.float32)})["probs"]
+    for kind in ("json", "binary"):
+        assert (found[kind]["id"], found[kind]["model_name"]) == (f"kserve-{kind == 'binary'}", "demo")
+        np.testing.assert_allclose(found[kind]["probs"], want, rtol=1e-6)

@@ -1,0 +1,44 @@
+"""The compare mode end to end, briefly: both servers under wrk, every load answered, the table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_compare_runs_both_servers_under_every_load(tmp_path):
+    if shutil.which("wrk") is None:
+        pytest.fail("wrk not found: apt-get install wrk (.ci/run installs it)")
+    run = subprocess.run(
+        [sys.executable, "loadtest/compare.py", "--models", "demo", "--connections", "2", "--duration", "1"]
+        + ["--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "compare.jsonl").read_text().splitlines()]
+    loads = {(r["server"], r["load"]) for r in rows if "rps" in r}
+    assert loads == {
+        ("naive", "JSON"),
+        ("jitserve", "JSON"),
+        ("jitserve", "V2 binary"),
+        ("jitserve", "V2 binary, dynamic batching"),
+    }
+    for row in rows:
+        if "rps" in row:
+            assert row["rps"] > 0 and row["errors"] == 0, row
+            assert 0 < row["p50_ms"] <= row["p99_ms"], row
+    overhead = next(r for r in rows if "beyond_engine_p50_ms" in r)
+    assert 0 < overhead["engine_p50_ms"] < overhead["rtt_p50_ms"]
+    assert "| demo | 2 | jitserve, V2 binary |" in run.stdout
+    assert "req/s vs naive JSON" in run.stdout
