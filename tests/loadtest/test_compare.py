@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_compare_runs_both_servers_under_every_load(tmp_path):
     if shutil.which("wrk") is None:
         pytest.fail("wrk not found: apt-get install wrk (.ci/run installs it)")
+    command = ["loadtest/compare.py", "--models", "demo", "--connections", "2", "--duration", "1"]
     run = subprocess.run(
-        [sys.executable, "loadtest/compare.py", "--models", "demo", "--connections", "2", "--duration", "1"]
-        + ["--out", str(tmp_path)],
+        [sys.executable, *command, "--out", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
