@@ -15,6 +15,7 @@ from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 from compiler.errors import JitServeError
 
 from .auth import check_exposure
+from .hot_routes import HotRoutes
 from .routes import router
 from .runtime.metrics import Metrics
 from .runtime.service import ModelService
@@ -50,30 +51,30 @@ def create_app(
     app.state.service = service
     app.include_router(router)
     app.include_router(v2_router)
+    app.add_middleware(HotRoutes, error_response=error_response)
     _document_errors_as_they_are(app)
 
-    # The one place errors become HTTP: always {"error": "..."}.
-    @app.exception_handler(JitServeError)
-    async def jitserve_error(_: Request, exc: JitServeError) -> JSONResponse:
+    async def handle(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
+
+    for kind in (JitServeError, RequestValidationError, HTTPException, Exception):
+        app.add_exception_handler(kind, handle)
+    return app
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The one place errors become HTTP: always ``{"error": "..."}``."""
+    if isinstance(exc, JitServeError):
         headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
         return JSONResponse({"error": str(exc)}, status_code=exc.http_status, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first["loc"])
         return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    if isinstance(exc, HTTPException):
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
-
-    return app
+    log.exception("unhandled error", exc_info=exc)
+    return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
 
 
 def _document_errors_as_they_are(app: FastAPI) -> None:

@@ -113,7 +113,7 @@ def _prepare_json(service: ModelService, body: bytes, name: str | None) -> Job:
         raise
 
 
-async def _predict(request: Request, name: str | None) -> Response:
+async def predict_request(request: Request, name: str | None) -> Response:
     service = service_of(request)
     try:
         body = await read_limited(request, request.app.state.settings.max_predict_bytes)
@@ -137,13 +137,13 @@ PREDICT_ROUTE = {
 @router.post("/predict", **PREDICT_ROUTE)
 async def predict(request: Request) -> Response:
     """Run a model: ``{"model": NAME, "inputs": {INPUT: nested list}}``."""
-    return await _predict(request, None)
+    return await predict_request(request, None)
 
 
 @router.post("/models/{name}/predict", **PREDICT_ROUTE)
 async def predict_model(name: str, request: Request) -> Response:
     """Run the model ``name``: ``{"inputs": {INPUT: nested list}}``."""
-    return await _predict(request, name)
+    return await predict_request(request, name)
 
 
 @router.get("/healthz", response_model=Health)
