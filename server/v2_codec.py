@@ -6,6 +6,7 @@ out as bytes: no Python per element."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +32,11 @@ DATATYPES = {
     "float64": "FP64",
 }
 NUMPY_TYPES = {v2: np.dtype(name) for name, v2 in DATATYPES.items()}
+_BY_DTYPE = {dtype: v2 for v2, dtype in NUMPY_TYPES.items()}
 
 
 def v2_datatype(dtype: str | np.dtype) -> str:
-    return DATATYPES[str(np.dtype(dtype))]
+    return _BY_DTYPE[np.dtype(dtype)]
 
 
 @dataclass
@@ -93,7 +95,7 @@ def decode_request(body: bytes, header_length: str | None, signature: Signature)
         if datatype != want:
             raise BadRequestError(f"{where} has datatype {datatype!r}; the model takes {want}")
         dtype, shape = NUMPY_TYPES[datatype], _shape(entry, where)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         size = _parameters(entry, where).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size != count * dtype.itemsize:
