@@ -185,9 +185,14 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
     naive, naive_url = start_naive(path)
     rows: list[dict] = []
     try:
-        for model, config in ((name, {}), (f"{name}-batched", {"dynamic_batching": BATCHING})):
+        # With --jit, every batch bucket a load can reach is compiled and routed before it runs.
+        warm = {"warm_buckets": [{input_name: [b, *shape[1:]]} for b in (1, 2, 4, 8)]} if args.jit else {}
+        for model, config in ((name, warm), (f"{name}-batched", {**warm, "dynamic_batching": BATCHING})):
             files = {"model": ("model.onnx", path.read_bytes()), "config": ("config.json", json.dumps(config))}
             httpx.put(f"{url}/models/{model}", files=files, timeout=300).raise_for_status()
+        deadline = time.monotonic() + 1200
+        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(1)
         loads = [
             ("naive", "JSON", f"{naive_url}/predict", wrk_script(folder, f"{name}-naive", json_body, json_headers)),
             ("jitserve", "JSON", f"{url}/predict", wrk_script(folder, f"{name}-json", json_body, json_headers)),
@@ -208,7 +213,12 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
             for server, load, target, script in loads:
                 run_wrk(target, script, connections, 2)  # warm-up: buckets seen, kernels and routes settled
                 result = run_wrk(target, script, connections, args.duration)
-                rows.append({"model": name, "server": server, "load": load, "connections": connections, **result})
+                row = {"model": name, "server": server, "load": load, "connections": connections, **result}
+                if server == "jitserve":  # the engines serving the model the load reached, as routing chose
+                    served = target.removeprefix(f"{url}/v2/models/").removesuffix("/infer").removeprefix(f"{url}/")
+                    described = httpx.get(f"{url}/models/{name if served == 'predict' else served}").json()
+                    row["engines"] = "+".join(sorted({bucket["engine"] for bucket in described["buckets"]}))
+                rows.append(row)
                 print(json.dumps(rows[-1]), file=sys.stderr)
         overhead = sequential_overhead(url, f"/v2/models/{name}/infer", binary, binary_headers)
         rows.append({"model": name, "server": "jitserve", "load": "V2 binary, sequential overhead", **overhead})
@@ -221,8 +231,8 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | connections | server, load | req/s | p50 ms | p99 ms | errors | req/s vs naive JSON |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | connections | server, load | req/s | p50 ms | p99 ms | errors | req/s vs naive JSON | engines |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     naive = {(r["model"], r["connections"]): r["rps"] for r in rows if r["server"] == "naive"}
     for r in rows:
@@ -231,7 +241,8 @@ def table(rows: list[dict]) -> str:
         ratio = r["rps"] / naive[(r["model"], r["connections"])]
         lines.append(
             f"| {r['model']} | {r['connections']} | {r['server']}, {r['load']} | {r['rps']:,.0f} | "
-            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {ratio:.2f}x |"
+            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {ratio:.2f}x | "
+            f"{r.get('engines', 'onnxruntime')} |"
         )
     for r in rows:
         if "beyond_engine_p50_ms" in r:

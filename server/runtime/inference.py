@@ -162,10 +162,6 @@ class Inference:
             return Job(served, arrays, None, started)  # nothing to pad, nothing worth a kernel
         return Job(served, arrays, served.planner.plan({k: v.shape for k, v in arrays.items()}), started)
 
-    def predict(self, served: ServedModel, inputs: Any) -> Prediction:
-        """Prepare and run a request here and now (tests, and callers that are threads already)."""
-        return self.execute(self.prepare(served, inputs))
-
     def execute(self, job: Job) -> Prediction:
         try:
             run = self._run(job.served, job.arrays, job.plan)

@@ -40,5 +40,5 @@ def test_compare_runs_both_servers_under_every_load(tmp_path):
             assert 0 < row["p50_ms"] <= row["p99_ms"], row
     overhead = next(r for r in rows if "beyond_engine_p50_ms" in r)
     assert 0 < overhead["engine_p50_ms"] < overhead["rtt_p50_ms"]
-    assert "| demo | 2 | jitserve, V2 binary |" in run.stdout
+    assert "| demo | 2 | jitserve, V2 binary | " in run.stdout
     assert "req/s vs naive JSON" in run.stdout
