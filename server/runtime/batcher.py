@@ -202,27 +202,24 @@ class DynamicBatcher:
 
     def _next_batch(self) -> list[Waiting] | None:
         """The next batch, waiting for company up to its delay; None once closed and empty."""
+        timeout: float | None = 0.0
         while True:
-            self._drain()
+            self._receive(timeout)
             batch = self._queue.take(time.monotonic(), flush=self._stopping)
             if batch or self._stopping:
                 return batch
             deadline = self._queue.deadline()
-            try:
-                waiting = self._inbox.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                continue
-            if waiting is _STOP:
-                self._stopping = True
-            else:
-                self._queue.add(waiting)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    def _drain(self) -> None:
+    def _receive(self, timeout: float | None) -> None:
+        """Move the inbox into the queue, first waiting up to ``timeout`` (None: for ever) for an item."""
+        block = timeout != 0.0
         while True:
             try:
-                waiting = self._inbox.get_nowait()
+                waiting = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
             except queue.Empty:
                 return
+            block = False
             if waiting is _STOP:
                 self._stopping = True
             else:

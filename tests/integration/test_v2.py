@@ -174,3 +174,35 @@ def test_kserve_rest_client_json_and_binary(server):
     for kind in ("json", "binary"):
         assert (found[kind]["id"], found[kind]["model_name"]) == (f"kserve-{kind == 'binary'}", "demo")
         np.testing.assert_allclose(found[kind]["probs"], want, rtol=1e-6)
+
+
+def test_default_limit_carries_eight_640x640_images_as_binary(client, server):
+    with server.client() as http:
+        model = synthetic.relu_model(["batch", 3, 640, 640])
+        assert upload(http, "relu640", model, {"probe_sizes": {"batch": 2}}).status_code == 201
+    x = np.random.default_rng(8).standard_normal((8, 3, 640, 640)).astype(np.float32)  # 39.3 MB
+    tensor = triton.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    result = client.infer("relu640", [tensor], outputs=[triton.InferRequestedOutput("y", binary_data=True)])
+    np.testing.assert_array_equal(result.as_numpy("y"), np.maximum(x, 0))
+
+
+def test_infer_limit_enforced_while_reading(tmp_path):
+    small = ServerProcess(tmp_path / "data", compile_workers=0, max_infer_bytes=1000).start()
+    try:
+        with small.client() as http:
+            assert upload(http, "add64", synthetic.add_model("int64")).status_code == 201
+            x = np.ones((64, 4), np.int64)  # 2 kB of binary tensor
+            entry = {"name": "x", "shape": [64, 4], "datatype": "INT64", "parameters": {"binary_data_size": 2048}}
+            head = orjson.dumps({"inputs": [entry]})
+
+            def chunks():  # no Content-Length: the server can only tell while reading
+                yield head
+                yield x.tobytes()
+
+            headers = {"Inference-Header-Content-Length": str(len(head))}
+            answer = http.post("/v2/models/add64/infer", content=chunks(), headers=headers)
+            assert answer.status_code == 413
+            assert answer.json() == {"error": "request body is over the limit of 1000 bytes"}
+    finally:
+        small.stop()
