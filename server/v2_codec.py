@@ -69,7 +69,7 @@ def decode_request(body: bytes, header_length: str | None, signature: Signature)
     else:
         if not header_length.isdigit() or int(header_length) > len(body):
             raise BadRequestError(f"Inference-Header-Content-Length {header_length!r} does not fit the body")
-        head, binary = body[: int(header_length)], body[int(header_length) :]
+        head, binary = body[: int(header_length)], memoryview(body)[int(header_length) :]  # no copy
     try:
         request = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
