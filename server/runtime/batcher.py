@@ -112,17 +112,20 @@ class BatchQueue:
         oldest = min((group[0].arrived for group in self._groups.values()), default=None)
         return None if oldest is None else oldest + self.max_delay_s
 
-    def take(self, now: float, *, flush: bool = False) -> list[Waiting] | None:
+    def take(self, now: float, *, flush: bool = False, instances: int = 1) -> list[Waiting] | None:
         """The next batch to run, oldest group first; None while every group may still wait.
 
         A group goes when it cannot grow (the next request would pass the
-        maximum), when its rows are a preferred size, or when its oldest
-        request has waited the delay; ``flush`` sends any group.
+        maximum, or its share when ``instances`` are free to split the group's
+        rows between them), when its rows are a preferred size, or when its
+        oldest request has waited the delay; ``flush`` sends any group.
         """
         for key, group in self._groups.items():
+            share = -(-sum(w.rows for w in group) // instances)
+            limit = min(self.max_batch_size, share)
             batch, rows = [], 0
             for waiting in group:
-                if batch and rows + waiting.rows > self.max_batch_size:
+                if batch and rows + waiting.rows > limit:
                     break
                 batch.append(waiting)
                 rows += waiting.rows
@@ -143,7 +146,9 @@ class DynamicBatcher:
 
     Like Triton's dynamic batcher, a batch is formed only when one of the
     model's ``instances`` is free to run it (on ``executor``): while every
-    instance is busy, requests pile up and the next batch takes them all.
+    instance is busy, requests pile up and the next batch takes them. When
+    several instances are idle they share the waiting rows, so that one batch
+    never holds every request while another instance has nothing to run.
     """
 
     def __init__(
@@ -164,7 +169,8 @@ class DynamicBatcher:
         self._run_batch = run_batch
         self._metrics = metrics
         self._executor = executor
-        self._free = threading.Semaphore(instances)
+        self._idle = instances
+        self._instance_freed = threading.Condition()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._stopping = False
@@ -190,14 +196,16 @@ class DynamicBatcher:
 
     def _own(self) -> None:
         while True:
-            self._free.acquire()  # an instance to run the next batch
+            with self._instance_freed:  # an instance to run the next batch
+                self._instance_freed.wait_for(lambda: self._idle > 0)
+                self._idle -= 1
             batch = self._next_batch()
             if batch is None:
                 return
             try:
                 self._executor.submit(self._run, batch)
             except RuntimeError as exc:  # the executor is shut down
-                self._free.release()
+                self._release_instance()
                 self._settle(batch, [exc] * len(batch))
 
     def _next_batch(self) -> list[Waiting] | None:
@@ -205,7 +213,8 @@ class DynamicBatcher:
         timeout: float | None = 0.0
         while True:
             self._receive(timeout)
-            batch = self._queue.take(time.monotonic(), flush=self._stopping)
+            # Rows waiting are split between this instance and the others idle too.
+            batch = self._queue.take(time.monotonic(), flush=self._stopping, instances=1 + self._idle)
             if batch or self._stopping:
                 return batch
             deadline = self._queue.deadline()
@@ -237,7 +246,12 @@ class DynamicBatcher:
                 results = [exc] * len(batch)
             self._settle(batch, results)
         finally:
-            self._free.release()
+            self._release_instance()
+
+    def _release_instance(self) -> None:
+        with self._instance_freed:
+            self._idle += 1
+            self._instance_freed.notify()
 
     @staticmethod
     def _settle(batch: list[Waiting], results: list[Any]) -> None:

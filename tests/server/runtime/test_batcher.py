@@ -46,6 +46,16 @@ def test_a_batch_never_passes_the_maximum_and_keeps_arrival_order():
     assert names(q.take(now=0.0, flush=True)) == ["c", "d"]
 
 
+def test_free_instances_share_the_waiting_rows():
+    q = BatchQueue(max_batch_size=8, max_delay_s=1.0, preferred=set())
+    for name in "abcdefg":
+        q.add(waiting(name))
+    # Two idle instances: this batch takes half of the 7 rows (rounded up), the other instance the rest.
+    assert names(q.take(now=0.0, instances=2)) == ["a", "b", "c", "d"]
+    assert q.take(now=0.0) is None  # 3 rows, one instance: waits for more
+    assert names(q.take(now=1.0)) == ["e", "f", "g"]
+
+
 def test_a_request_larger_than_the_maximum_runs_alone():
     q = BatchQueue(max_batch_size=4, max_delay_s=1.0, preferred=set())
     q.add(waiting("big", rows=9))
