@@ -116,26 +116,37 @@ class BatchQueue:
         """The next batch to run, oldest group first; None while every group may still wait.
 
         A group goes when it cannot grow (the next request would pass the
-        maximum, or its share when ``instances`` are free to split the group's
-        rows between them), when its rows are a preferred size, or when its
-        oldest request has waited the delay; ``flush`` sends any group.
+        maximum), when its rows are a preferred size, or when its oldest
+        request has waited the delay; ``flush`` sends any group. With other
+        ``instances`` idle, a going group is shared: this batch takes its
+        share of the rows, rounded up to a preferred size.
         """
         for key, group in self._groups.items():
-            share = -(-sum(w.rows for w in group) // instances)
-            limit = min(self.max_batch_size, share)
-            batch, rows = [], 0
-            for waiting in group:
-                if batch and rows + waiting.rows > limit:
-                    break
-                batch.append(waiting)
-                rows += waiting.rows
+            batch, rows = self._fill(group, self.max_batch_size)
             full = len(batch) < len(group) or rows >= self.max_batch_size
-            if flush or full or rows in self.preferred or now >= group[0].arrived + self.max_delay_s:
-                del group[: len(batch)]
-                if not group:
-                    del self._groups[key]
-                return batch
+            if not (flush or full or rows in self.preferred or now >= group[0].arrived + self.max_delay_s):
+                continue
+            if instances > 1:
+                share = -(-rows // instances)
+                share = min((size for size in self.preferred if size >= share), default=share)
+                if share < rows:
+                    batch, rows = self._fill(group, share)
+            del group[: len(batch)]
+            if not group:
+                del self._groups[key]
+            return batch
         return None
+
+    @staticmethod
+    def _fill(group: list[Waiting], limit: int) -> tuple[list[Waiting], int]:
+        """The oldest requests of a group up to ``limit`` rows (always at least one)."""
+        batch, rows = [], 0
+        for waiting in group:
+            if batch and rows + waiting.rows > limit:
+                break
+            batch.append(waiting)
+            rows += waiting.rows
+        return batch, rows
 
 
 _STOP = object()

@@ -46,14 +46,20 @@ def test_a_batch_never_passes_the_maximum_and_keeps_arrival_order():
     assert names(q.take(now=0.0, flush=True)) == ["c", "d"]
 
 
-def test_free_instances_share_the_waiting_rows():
-    q = BatchQueue(max_batch_size=8, max_delay_s=1.0, preferred=set())
+def test_free_instances_share_a_going_group():
+    q = BatchQueue(max_batch_size=8, max_delay_s=1.0, preferred={1, 2, 4, 8})
     for name in "abcdefg":
         q.add(waiting(name))
-    # Two idle instances: this batch takes half of the 7 rows (rounded up), the other instance the rest.
-    assert names(q.take(now=0.0, instances=2)) == ["a", "b", "c", "d"]
-    assert q.take(now=0.0) is None  # 3 rows, one instance: waits for more
+    assert q.take(now=0.0, instances=2) is None  # 7 rows: not preferred, not late: the group waits
+    # Late: it goes, and with two idle instances this batch takes its share (4), the other the rest.
+    assert names(q.take(now=1.0, instances=2)) == ["a", "b", "c", "d"]
     assert names(q.take(now=1.0)) == ["e", "f", "g"]
+
+    q = BatchQueue(max_batch_size=8, max_delay_s=1.0, preferred={8})
+    for name in "abcdefgh":
+        q.add(waiting(name))
+    # A share of 4 rounds up to the preferred 8: a preferred batch is never split.
+    assert names(q.take(now=0.0, instances=2)) == list("abcdefgh")
 
 
 def test_a_request_larger_than_the_maximum_runs_alone():
