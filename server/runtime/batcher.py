@@ -175,7 +175,6 @@ class DynamicBatcher:
     ) -> None:
         """``run_batch`` takes the items of one batch and returns, per item, its result or its exception."""
         self.model = model
-        self.config = config
         self._queue = BatchQueue(config.max_batch_size, config.max_queue_delay_us / 1e6, preferred)
         self._run_batch = run_batch
         self._metrics = metrics

@@ -133,8 +133,8 @@ class Inference:
                 return await self.offload(self.execute, job, model=job.served.name)
             future.add_done_callback(lambda _: self._slots.release())
             return await asyncio.wrap_future(future)
-        if job.plan is not None and self._cheap(job.served, job.plan):
-            return self.execute(job)
+        if job.plan is not None and (bucket := self._cheap_bucket(job.served, job.plan)) is not None:
+            return self.execute(job, bucket)
         return await self.offload(self.execute, job, model=job.served.name)
 
     def _take_slot(self, model: str | None) -> None:
@@ -143,14 +143,15 @@ class Inference:
             self.reject(model, error)
             raise error
 
-    def _cheap(self, served: ServedModel, plan: BucketPlan) -> bool:
-        """Cheaper on the event loop than a hop to a thread: a bucket whose recent runs (so past its
-        first sight) measure below ``inline_max_ms``, and no kernel to load from the store first."""
+    def _cheap_bucket(self, served: ServedModel, plan: BucketPlan) -> ServedBucket | None:
+        """The plan's bucket when running it on the event loop is cheaper than a hop to a thread: its
+        recent runs (so past its first sight) measure below ``inline_max_ms``, and no kernel is to be
+        loaded from the store first. None otherwise."""
         bucket = served.find_bucket(plan.bucket)
         if bucket is None or not bucket.runs_below(self.inline_max_ms):
-            return False
+            return None
         key = bucket.serves_kernel_key
-        return key is None or key in self.kernels.cache
+        return bucket if key is None or key in self.kernels.cache else None
 
     # -- preparing and running -------------------------------------------
 
@@ -162,9 +163,10 @@ class Inference:
             return Job(served, arrays, None, started)  # nothing to pad, nothing worth a kernel
         return Job(served, arrays, served.planner.plan({k: v.shape for k, v in arrays.items()}), started)
 
-    def execute(self, job: Job) -> Prediction:
+    def execute(self, job: Job, bucket: ServedBucket | None = None) -> Prediction:
+        """Run a prepared request here and now; ``bucket``: its plan's bucket, when already looked up."""
         try:
-            run = self._run(job.served, job.arrays, job.plan)
+            run = self._run(job.served, job.arrays, job.plan, bucket)
         except JitServeError as exc:
             self.metrics.record_request(model=job.served.name, engine="none", code=exc.http_status)
             raise
@@ -204,12 +206,18 @@ class Inference:
             inference_ms=run.inference_ms,
         )
 
-    def _run(self, served: ServedModel, arrays: dict[str, np.ndarray], plan: BucketPlan | None) -> Run:
-        kernel = bucket = None
+    def _run(
+        self,
+        served: ServedModel,
+        arrays: dict[str, np.ndarray],
+        plan: BucketPlan | None,
+        bucket: ServedBucket | None = None,
+    ) -> Run:
+        kernel = None
         if plan is None:
             label = bucket_label({k: v.shape for k, v in arrays.items()})
         else:
-            bucket = served.bucket_for(plan.bucket)
+            bucket = bucket or served.bucket_for(plan.bucket)
             bucket.record_hit()
             label, kernel = bucket.label, self._kernel_for(served, bucket)
         started = time.perf_counter()
