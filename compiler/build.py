@@ -76,7 +76,7 @@ def compile_bucket(
             index_limits=model.index_bounds.limits,
             progress_path=progress_path,
         )
-        facts = run_in_child(builder, job, timeout=options.timeout_seconds)
+        facts = run_in_child(builder, job, timeout=options.timeout_seconds, nice=options.nice)
         manifest = Manifest(
             key=key,
             model_digest=model.digest,

@@ -64,6 +64,7 @@ class CompileOptions(BaseModel):
     tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
     tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
     database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
+    nice: int = Field(0, ge=0, le=19, description="niceness added to the compile child: below serving")
 
     @property
     def tier(self) -> str:

@@ -4,6 +4,7 @@ that one call and never its caller."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import traceback
 from collections.abc import Callable
@@ -16,8 +17,10 @@ from .errors import CompileCrashedError, CompileError, CompileTimeoutError, JitS
 _CONTEXT = multiprocessing.get_context("spawn")
 
 
-def _child_main(function: Callable[[Any], Any], argument: Any, connection) -> None:
+def _child_main(function: Callable[[Any], Any], argument: Any, connection, nice: int) -> None:
     try:
+        if nice:
+            os.nice(nice)
         result = function(argument)
     except JitServeError as exc:
         connection.send(("error", type(exc).__name__, str(exc)))
@@ -44,8 +47,10 @@ def _describe_exit(exitcode: int | None) -> str:
     return f"exited with status {exitcode} without a result"
 
 
-def run_in_child(function: Callable[[Any], Any], argument: Any, *, timeout: float, what: str = "compile") -> Any:
-    """Call ``function(argument)`` in a fresh process and return its result.
+def run_in_child(
+    function: Callable[[Any], Any], argument: Any, *, timeout: float, what: str = "compile", nice: int = 0
+) -> Any:
+    """Call ``function(argument)`` in a fresh process (``nice`` added to its niceness) and return its result.
 
     Raises CompileTimeoutError past ``timeout`` seconds, CompileCrashedError
     when the child dies without answering, and the child's own typed error
@@ -54,7 +59,7 @@ def run_in_child(function: Callable[[Any], Any], argument: Any, *, timeout: floa
     receiver, sender = _CONTEXT.Pipe(duplex=False)
     # daemon: a compile never outlives the process that asked for it.
     process = _CONTEXT.Process(
-        target=_child_main, args=(function, argument, sender), name=f"jitserve-{what}", daemon=True
+        target=_child_main, args=(function, argument, sender, nice), name=f"jitserve-{what}", daemon=True
     )
     process.start()
     sender.close()

@@ -20,11 +20,16 @@ class Bucket(BaseModel):
     bucket: str = Field(description="canonical label, e.g. x=8x3x48x192")
     shapes: dict[str, list[int]] = Field(description="the bucket's shape per input")
     state: BucketState
-    reason: str | None = Field(description="why the bucket failed")
+    reason: str | None = Field(
+        description="why it is in its state: why a cold bucket is not compiled yet, why a compile failed"
+    )
     engine: str = Field(description="the engine serving it: onnxruntime, tvm or tvm-tuned")
     latency_ms: dict[str, float] = Field(description="measured median latency per verified engine")
     compile_seconds: float | None
     hits: int = Field(description="requests served from this bucket")
+    traffic: float = Field(
+        description="recent requests, each decaying over the compile admission window: orders compiles and evictions"
+    )
     warm: bool = Field(description="compiled right after upload")
     tuning: TuningStatus | None
 
@@ -43,6 +48,14 @@ class BatchingDescription(BaseModel):
     preferred_batch_sizes: list[int] | None
 
 
+class CompileAdmissionDescription(BaseModel):
+    storm: bool = Field(description="new buckets arrive faster than compiles may be admitted: none are")
+    new_buckets_in_window: int
+    compiled_buckets: int = Field(description="buckets compiled, compiling or admitted (warm ones apart)")
+    max_compiled_buckets: int
+    compiles_admitted_in_window: int = Field(description="over all models")
+
+
 class ModelDescription(BaseModel):
     name: str
     version: int
@@ -53,6 +66,7 @@ class ModelDescription(BaseModel):
     overflow: str
     dynamic_batching: BatchingDescription | None = Field(None, description="null: not configured")
     buckets: list[Bucket]
+    compile_admission: CompileAdmissionDescription
 
 
 class ModelList(BaseModel):

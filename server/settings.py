@@ -43,6 +43,29 @@ class Settings(CompileSettings):
     compile_queue_size: int = Field(32, ge=1)
     """Compiles that may wait; past it uploads with warm buckets answer 503."""
 
+    compile_min_hits: int = Field(3, ge=1, le=64)
+    """Requests a bucket must serve within ``compile_hit_window_seconds`` before it earns a compile;
+    until then ONNX Runtime serves it. Warm buckets are exempt."""
+
+    compile_hit_window_seconds: float = Field(60.0, gt=0)
+    """The sliding window of compile admission: hits, new buckets (storms) and the compile budget count
+    over it; a bucket's traffic (which orders the queue and picks evictions) decays with it."""
+
+    max_compiled_buckets: int = Field(16, ge=1)
+    """Buckets of one model compiled, compiling or admitted at most; past it a hotter bucket evicts the
+    coldest compiled one (served by ONNX Runtime again; its kernel stays stored). Warm buckets are exempt."""
+
+    compiles_per_window: int = Field(8, ge=1)
+    """Compiles admitted over all models within one window (kernels already stored reload for free)."""
+
+    storm_new_buckets: int = Field(32, ge=1)
+    """New buckets one model may see within one window; past it the model is in a shape storm: no new
+    compiles are admitted for it until the rate falls, and ONNX Runtime serves every new shape."""
+
+    compile_nice: int = Field(10, ge=0, le=19)
+    """Niceness of compile children: below serving, so a compile takes only what requests leave. 19 for
+    the least share; tuning children always run at idle priority."""
+
     inference_threads: int = Field(2, ge=1)
     """Threads running inference (ONNX Runtime or TVM) off the event loop."""
 

@@ -46,3 +46,7 @@ def sleep_for(seconds: float) -> str:
 
 def unpicklable_result(_: object):
     return lambda: None
+
+
+def niceness(_: object) -> int:
+    return os.nice(0)

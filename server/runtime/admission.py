@@ -174,6 +174,7 @@ class Admission:
             seed=s.verify_seed,
             timeout_seconds=s.compile_timeout_seconds,
             database_dir=str(self.tuning_database_dir),
+            nice=s.compile_nice,
         )
 
     def _target(self, config: ModelConfig) -> dict:

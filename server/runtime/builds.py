@@ -76,7 +76,7 @@ class BucketBuilder:
 
     def compile(self, served: ServedModel, bucket: ServedBucket) -> None:
         """Make the bucket's kernel available: compile (or find it stored), load, measure, route."""
-        if not bucket.move(BucketState.COMPILING, only_from=BucketState.QUEUED):
+        if not bucket.move(BucketState.COMPILING, only_from=BucketState.ADMITTED):
             return
         unchecked = served.model.index_bounds.unchecked
         if unchecked:  # a kernel would read out of bounds on some input ONNX Runtime refuses

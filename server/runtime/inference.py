@@ -24,6 +24,7 @@ from compiler.buckets import BucketPlan, bucket_label, pad_inputs
 from compiler.engines import Engine
 from compiler.errors import JitServeError, UnavailableError
 
+from .compile_admission import CompileAdmission
 from .inputs import parse_inputs
 from .kernel_cache import Kernels
 from .metrics import Metrics
@@ -94,14 +95,14 @@ class Inference:
         threads: int,
         queue_size: int,
         inline_max_ms: float,
-        first_sight: Callable[[ServedModel, ServedBucket], None],
+        admission: CompileAdmission,
     ) -> None:
-        """``first_sight`` is called for a bucket seen in state ``new``: restore its route or queue a compile."""
+        """``admission`` counts every bucket's hits and is asked about every request to a cold bucket."""
         self.registry = registry
         self.kernels = kernels
         self.metrics = metrics
         self.inline_max_ms = inline_max_ms
-        self._first_sight = first_sight
+        self.admission = admission
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, "jitserve-infer")
         self._slots = threading.BoundedSemaphore(threads + queue_size)
 
@@ -218,7 +219,7 @@ class Inference:
             label = bucket_label({k: v.shape for k, v in arrays.items()})
         else:
             bucket = bucket or served.bucket_for(plan.bucket)
-            bucket.record_hit()
+            self.admission.record_hit(bucket)
             label, kernel = bucket.label, self._kernel_for(served, bucket)
         started = time.perf_counter()
         if kernel is not None:
@@ -240,8 +241,8 @@ class Inference:
 
     def _kernel_for(self, served: ServedModel, bucket: ServedBucket) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""
-        if bucket.state is BucketState.NEW:
-            self._first_sight(served, bucket)
+        if bucket.state is BucketState.COLD:
+            self.admission.consider(served, bucket)
             if bucket.state is not BucketState.READY:
                 self.metrics.record_cache_lookup(model=served.name, hit=False)
                 return None

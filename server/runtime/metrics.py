@@ -19,6 +19,13 @@ QUEUE_DELAY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 RECOMPILE_REASONS = ("new_model_version", "artifact_missing", "target_or_compiler_changed")
+ADMISSION_DECISIONS = {
+    "admitted": ("warm", "threshold", "restored"),
+    "deferred": ("below_threshold",),
+    "refused": ("storm", "cap", "budget", "queue_full"),
+    "evicted": ("hotter_bucket",),
+}
+"""Compile admission's decisions and the reasons each is taken for (see ``compile_admission``)."""
 
 
 class Metrics:
@@ -69,6 +76,25 @@ class Metrics:
         )
         self.cache_entries = Gauge("jitserve_kernel_cache_entries", "Kernels held in the in-memory cache.", registry=r)
         self.queue_depth = Gauge("jitserve_compile_queue_depth", "Compiles queued or running.", registry=r)
+        self.admissions = Counter(
+            "jitserve_compile_admissions_total",
+            "Compile admission's decisions on cold buckets' requests (admitted, deferred, refused) and "
+            "evictions of compiled buckets, by reason.",
+            ["model", "decision", "reason"],
+            registry=r,
+        )
+        self.shape_storm = Gauge(
+            "jitserve_shape_storm",
+            "1 while a model sees new buckets faster than compile admission allows (no compiles admitted).",
+            ["model"],
+            registry=r,
+        )
+        self.compile_stage_seconds = Counter(
+            "jitserve_compile_stage_seconds_total",
+            "Seconds spent in each stage of kernel compiles (simplify, import, ..., export, verify).",
+            ["model", "stage"],
+            registry=r,
+        )
         self.routing = Counter(
             "jitserve_routing_decisions_total",
             "Buckets routed to an engine after timing every verified engine.",
@@ -124,6 +150,16 @@ class Metrics:
         self.compiles.labels(model, target, tier, outcome).inc()
         if seconds is not None:
             self.compile_duration.labels(model, target).observe(seconds)
+
+    def record_compile_stages(self, *, model: str, stages: dict[str, float]) -> None:
+        for stage, seconds in stages.items():
+            self.compile_stage_seconds.labels(model, stage).inc(seconds)
+
+    def record_admission(self, *, model: str, decision: str, reason: str) -> None:
+        self.admissions.labels(model, decision, reason).inc()
+
+    def set_shape_storm(self, *, model: str, storm: bool) -> None:
+        self.shape_storm.labels(model).set(1 if storm else 0)
 
     def record_recompile(self, *, model: str, reason: str) -> None:
         self.recompiles.labels(model, reason).inc()

@@ -8,6 +8,7 @@ compiles and tuning stop touching the store.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,8 @@ class ServedModel:
     batching: str | None = None
     """Why requests are or are not joined into batches (None: batching not configured)."""
     retired: bool = False
+    new_buckets: deque[float] = field(default_factory=deque)
+    """When each bucket first seen lately was seen (compile admission's storm watch)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def retire(self) -> None:

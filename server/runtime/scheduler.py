@@ -1,12 +1,13 @@
 """The compile queue: bounded, single-flight per bucket, drained by worker
-threads that each run one compile child at a time."""
+threads that each run one compile child at a time, the busiest bucket first
+(warm buckets before any: they were asked for)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
+import time
 from collections.abc import Callable
 
 from compiler.errors import IllegalTransitionError
@@ -27,9 +28,11 @@ class CompileScheduler:
         self.workers = workers
         self.metrics = metrics
         self._run = run
-        self._queue: queue.Queue[Job | None] = queue.Queue(queue_size)
+        self.queue_size = queue_size
+        self._queued: list[Job] = []
         self._running = 0
-        self._running_lock = threading.Lock()
+        self._closed = False
+        self._changed = threading.Condition()
         self._threads: list[threading.Thread] = []
 
     @property
@@ -39,7 +42,12 @@ class CompileScheduler:
 
     @property
     def free_slots(self) -> int:
-        return self._queue.maxsize - self._queue.qsize()
+        return self.queue_size - len(self._queued)
+
+    @property
+    def pending(self) -> int:
+        """Compiles queued or running."""
+        return len(self._queued) + self._running
 
     def start(self) -> None:
         for _ in range(self.workers):
@@ -48,26 +56,25 @@ class CompileScheduler:
             self._threads.append(thread)
 
     def close(self) -> None:
-        # Drop queued compiles so the stop markers fit; running ones end with the process.
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        for _ in self._threads:
-            self._queue.put(None)
+        # Queued compiles are dropped; running ones end with the process.
+        with self._changed:
+            self._closed = True
+            self._queued.clear()
+            self._changed.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
 
     def enqueue(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """Single-flight: a bucket is queued at most once. False when the queue is full."""
-        if not self.enabled or not bucket.move(BucketState.QUEUED, only_from=BucketState.NEW):
+        if not self.enabled:
             return True
-        try:
-            self._queue.put_nowait((served, bucket))
-        except queue.Full:
-            bucket.move(BucketState.NEW, only_from=BucketState.QUEUED)  # the next request for it tries again
-            return False
+        with self._changed:
+            if len(self._queued) >= self.queue_size:
+                return False
+            if not bucket.move(BucketState.ADMITTED, only_from=BucketState.COLD):
+                return True
+            self._queued.append((served, bucket))
+            self._changed.notify()
         self._update_depth()
         return True
 
@@ -77,16 +84,27 @@ class CompileScheduler:
                 self.enqueue(served, bucket)
 
     def _update_depth(self) -> None:
-        self.metrics.set_queue_depth(depth=self._queue.qsize() + self._running)
+        self.metrics.set_queue_depth(depth=self.pending)
+
+    def _take(self) -> Job | None:
+        """The next compile: warm buckets first, then the one with the most recent traffic."""
+        with self._changed:
+            while not self._queued and not self._closed:
+                self._changed.wait()
+            if self._closed:
+                return None
+            now = time.monotonic()
+            job = max(self._queued, key=lambda job: (job[1].warm, job[1].heat(now)))
+            self._queued.remove(job)
+            self._running += 1
+            return job
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._take()
             if job is None:
                 return
             served, bucket = job
-            with self._running_lock:
-                self._running += 1
             self._update_depth()
             try:
                 if not served.retired:
@@ -96,6 +114,6 @@ class CompileScheduler:
                 with contextlib.suppress(IllegalTransitionError):  # already ready: it stays served
                     bucket.fail("internal error")
             finally:
-                with self._running_lock:
+                with self._changed:
                     self._running -= 1
                 self._update_depth()

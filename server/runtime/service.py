@@ -2,8 +2,9 @@
 the HTTP layer the few calls it needs. Never imports FastAPI.
 
 Requests are served at once: by the bucket's verified TVM kernel when it is
-loaded, else by ONNX Runtime while one compile for the bucket runs in the
-background (single-flight, bounded queue, child processes).
+loaded, else by ONNX Runtime; a bucket whose traffic earns a compile
+(compile admission) gets one in the background (single-flight, bounded
+queue ordered by traffic, child processes below serving's priority).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..settings import Settings
 from .admission import Admission
 from .batcher import DynamicBatcher, DynamicBatching
 from .builds import BucketBuilder, CompileFunction
+from .compile_admission import CompileAdmission
 from .inference import Inference, Job, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .metrics import Metrics
@@ -31,7 +33,6 @@ from .records import ModelStore
 from .registry import Registry, ServedModel
 from .router import Router
 from .scheduler import CompileScheduler
-from .state import ServedBucket
 from .tuner import BackgroundTuner
 
 T = TypeVar("T")
@@ -66,6 +67,7 @@ class ModelService:
         self.scheduler = CompileScheduler(
             settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
         )
+        self.compile_admission = CompileAdmission(settings, metrics, self.scheduler, self.router, self.artifacts)
         self.inference = Inference(
             self.registry,
             self.kernels,
@@ -73,7 +75,7 @@ class ModelService:
             threads=settings.inference_threads,
             queue_size=settings.inference_queue_size,
             inline_max_ms=settings.inline_max_ms,
-            first_sight=self._first_sight,
+            admission=self.compile_admission,
         )
         self.admission = Admission(
             settings,
@@ -120,12 +122,15 @@ class ModelService:
         return self.registry.get(name)
 
     def describe(self, name: str) -> dict:
-        return self.registry.get(name).describe()
+        return self._describe(self.registry.get(name))
+
+    def _describe(self, served: ServedModel) -> dict:
+        return served.describe() | {"compile_admission": self.compile_admission.describe(served)}
 
     def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> dict:
         """Serve a self-contained model given as bytes."""
         load = partial(load_model, data, max_bytes=self.settings.max_model_bytes)
-        return self.admission.register(name, load, config, replace=replace).describe()
+        return self._describe(self.admission.register(name, load, config, replace=replace))
 
     def new_upload_folder(self) -> Path:
         """A private folder to receive one upload into; cleared at start if a crash leaves it behind."""
@@ -134,7 +139,7 @@ class ModelService:
     def register_upload(self, name: str, folder: Path, config: dict | None = None, *, replace: bool = False) -> dict:
         """Serve the model an upload folder holds (with its external data, or as an archive)."""
         load = partial(load_upload_folder, folder, max_bytes=self.settings.max_model_bytes)
-        return self.admission.register(name, load, config, replace=replace).describe()
+        return self._describe(self.admission.register(name, load, config, replace=replace))
 
     def delete(self, name: str) -> None:
         self.admission.delete(name)
@@ -201,8 +206,3 @@ class ModelService:
             instances=self.settings.inference_threads,
             executor=self.inference.pool,
         )
-
-    def _first_sight(self, served: ServedModel, bucket: ServedBucket) -> None:
-        """A bucket no request has used yet: restore its route from an earlier process, else queue its compile."""
-        if not self.router.restore(served, bucket):
-            self.scheduler.enqueue(served, bucket)

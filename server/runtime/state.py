@@ -1,8 +1,12 @@
 """The lifecycle of one bucket of one served model, as a typed state machine.
 
-    new ──► queued ──► compiling ──► ready ◄─┐ (re-routed after tuning)
-     │  ◄──┘ (queue full)     └──► failed     │
-     └──────────────────────────► ready ─────┘ (route restored from an earlier process)
+    cold ──► admitted ──► compiling ──► ready ◄─┐ (re-routed after tuning)
+     ▲  │  ◄──┘ (queue full)       └──► failed     │
+     │  └────────────────────────────► ready ─────┘ (route restored from an earlier process)
+     └──────────────────────────────── ready        (evicted: the model's coldest compiled bucket)
+
+A bucket is ``cold`` (served by ONNX Runtime) until compile admission finds
+it has earned a compile (see :mod:`.compile_admission`).
 
 Every write goes through a method that takes the bucket's lock; a move the
 table does not allow raises :class:`IllegalTransitionError`. Counters are
@@ -11,7 +15,10 @@ updated under the same lock, so concurrent requests never lose a hit.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
+from collections import deque
 from enum import StrEnum
 
 from pydantic import BaseModel, model_serializer
@@ -21,18 +28,18 @@ from compiler.errors import IllegalTransitionError
 
 
 class BucketState(StrEnum):
-    NEW = "new"
-    QUEUED = "queued"
+    COLD = "cold"
+    ADMITTED = "admitted"
     COMPILING = "compiling"
     READY = "ready"
     FAILED = "failed"
 
 
 LEGAL_MOVES: dict[BucketState, frozenset[BucketState]] = {
-    BucketState.NEW: frozenset({BucketState.QUEUED, BucketState.READY}),
-    BucketState.QUEUED: frozenset({BucketState.NEW, BucketState.COMPILING}),
+    BucketState.COLD: frozenset({BucketState.ADMITTED, BucketState.READY}),
+    BucketState.ADMITTED: frozenset({BucketState.COLD, BucketState.COMPILING}),
     BucketState.COMPILING: frozenset({BucketState.READY, BucketState.FAILED}),
-    BucketState.READY: frozenset({BucketState.READY}),
+    BucketState.READY: frozenset({BucketState.READY, BucketState.COLD}),
     BucketState.FAILED: frozenset(),
 }
 
@@ -63,6 +70,8 @@ class TuningStatus(BaseModel):
 RUN_AVERAGE_WEIGHT = 0.2
 """Weight of the newest run in a bucket's moving average of run times."""
 RUNS_TO_TELL = 8
+RECENT_HITS_KEPT = 64
+"""Times of a bucket's latest hits kept: enough for any compile admission threshold."""
 
 
 class ServedBucket:
@@ -73,7 +82,7 @@ class ServedBucket:
         self.bucket = bucket
         self.key = key
         self.warm = warm
-        self.state = BucketState.NEW
+        self.state = BucketState.COLD
         self.reason: str | None = None
         self.compile_seconds: float | None = None
         self.route: str | None = None
@@ -81,6 +90,12 @@ class ServedBucket:
         self.tuned_key: str | None = None
         self.tuning: TuningStatus | None = None
         self._hits = 0
+        self._recent_hits: deque[float] = deque(maxlen=RECENT_HITS_KEPT)
+        self._heat = 0.0
+        self._heat_at = 0.0
+        self._heat_window = 60.0
+        self.first_seen: float | None = None
+        """When compile admission first considered it (monotonic seconds); None before."""
         self._runs = 0
         self._run_ms = 0.0
         self._lock = threading.Lock()
@@ -124,14 +139,42 @@ class ServedBucket:
             if tuned_key is not None:
                 self.tuned_key = tuned_key
 
-    def record_hit(self) -> int:
+    def evict(self, reason: str) -> bool:
+        """A ready bucket goes back to ``cold`` (ONNX Runtime serves it); False if it was not ready."""
+        with self._lock:
+            if self.state is not BucketState.READY:
+                return False
+            self.state, self.reason, self.route = BucketState.COLD, reason, None
+            return True
+
+    def note(self, reason: str) -> None:
+        """Why the bucket is in its state (e.g. why a cold bucket is not admitted yet)."""
+        if reason != self.reason:
+            with self._lock:
+                self.reason = reason
+
+    def record_hit(self, now: float | None = None, *, window: float = 60.0) -> None:
+        """One request; ``window`` (seconds) is the time constant of the bucket's decaying traffic."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             self._hits += 1
-            return self._hits
+            self._recent_hits.append(now)
+            self._heat = self._heat * math.exp((self._heat_at - now) / window) + 1.0
+            self._heat_at, self._heat_window = now, window
 
     @property
     def hits(self) -> int:
         return self._hits
+
+    def hits_within(self, seconds: float, now: float, at_least: int) -> bool:
+        """At least ``at_least`` hits in the last ``seconds`` (at most ``RECENT_HITS_KEPT`` are counted)."""
+        recent = self._recent_hits
+        return len(recent) >= at_least and now - recent[-at_least] <= seconds
+
+    def heat(self, now: float) -> float:
+        """Its recent traffic: hits, each decaying with the window's time constant. Orders compiles and
+        evictions."""
+        return self._heat * math.exp((self._heat_at - now) / self._heat_window)
 
     def observe_run(self, ms: float) -> None:
         """One run of the engine serving the bucket, averaged over the recent ones."""
@@ -164,6 +207,7 @@ class ServedBucket:
                 "latency_ms": dict(self.latency_ms),
                 "compile_seconds": self.compile_seconds,
                 "hits": self._hits,
+                "traffic": round(self.heat(time.monotonic()), 3),
                 "warm": self.warm,
                 "tuning": self.tuning.model_dump(mode="json") if self.tuning else None,
             }

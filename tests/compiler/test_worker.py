@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import os
 import time
 
 import pytest
@@ -66,3 +67,9 @@ def test_timeout_kills_the_child():
     assert time.monotonic() - started < 10
     assert issubclass(CompileTimeoutError, CompileError)
     assert not issubclass(CompileTimeoutError, BadRequestError)
+
+
+def test_the_child_runs_below_its_parent():
+    mine = os.nice(0)
+    assert run_in_child(child_functions.niceness, None, timeout=30, nice=10) == min(19, mine + 10)
+    assert run_in_child(child_functions.niceness, None, timeout=30) == mine

@@ -39,6 +39,8 @@ class ServerProcess:
         env = dict(os.environ)
         env.update({"JITSERVE_DATA_DIR": str(self.data_dir), "JITSERVE_PORT": str(self.port)})
         env.setdefault("JITSERVE_DEMO_MODEL", "false")
+        # Tests that watch a compile start it with one request; admission's own tests raise this.
+        env.setdefault("JITSERVE_COMPILE_MIN_HITS", "1")
         for key, value in self.settings.items():
             env[f"JITSERVE_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return env

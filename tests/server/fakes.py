@@ -115,7 +115,7 @@ class FakeKernels:
 
 
 def make_service(data_dir: Path, compiler: FakeCompiler, kernels: FakeKernels, **settings) -> ModelService:
-    defaults = {"demo_model": False, "tuning_enabled": False, "routing_runs": 3}
+    defaults = {"demo_model": False, "tuning_enabled": False, "routing_runs": 3, "compile_min_hits": 1}
     service = ModelService(
         Settings(data_dir=data_dir, **(defaults | settings)),
         Metrics(),

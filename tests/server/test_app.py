@@ -157,4 +157,4 @@ def test_openapi_documents_every_request_and_response(tmp_path):
     assert {"application/json", "application/octet-stream"} <= set(infer)
     assert infer["application/json"]["schema"]["properties"]["inputs"]["items"] == {"$ref": "#/$defs/V2Tensor"}
     assert "HTTPValidationError" not in schemas  # validation errors answer 400 {"error"}
-    assert schemas["BucketState"]["enum"] == ["new", "queued", "compiling", "ready", "failed"]
+    assert schemas["BucketState"]["enum"] == ["cold", "admitted", "compiling", "ready", "failed"]

@@ -73,8 +73,8 @@ def test_full_queue_serves_through_onnxruntime_and_queues_again_later(tmp_path, 
         service.predict("m", {"x": rows(2)})  # takes the one queue slot
         prediction = service.predict("m", {"x": rows(3)})  # queue full: served, bucket left new
         assert prediction.engine == "onnxruntime"
-        assert bucket_state(service, "x=2x4") is BucketState.QUEUED
-        assert bucket_state(service, "x=4x4") is BucketState.NEW
+        assert bucket_state(service, "x=2x4") is BucketState.ADMITTED
+        assert bucket_state(service, "x=4x4") is BucketState.COLD
         with pytest.raises(UnavailableError, match="compile queue is full"):
             service.register("warm", DEMO, DEMO_CONFIG | {"warm_buckets": [{"x": [8, 4]}]})
         assert "warm" not in service.model_names
@@ -185,7 +185,7 @@ def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
         service.predict("m", {"x": rows(1)})
         assert compiler.started.wait(10)  # inside v1's compile
         service.predict("m", {"x": rows(2)})
-        assert v1.buckets["x=2x4"].state is BucketState.QUEUED
+        assert v1.buckets["x=2x4"].state is BucketState.ADMITTED
         other = FakeCompiler()
         other.gate.clear()
         service.builder._compile = other  # what runs next for any model
@@ -195,7 +195,7 @@ def test_a_retired_version_compiles_nothing_more(tmp_path, compiler):
         service.scheduler.enqueue(v2, v2.bucket_for({"x": (8, 4)}))  # queued behind v1's
         wait_until(other.started.is_set, what="the new version's compile")
         other.gate.set()
-        assert v1.buckets["x=2x4"].state is BucketState.QUEUED  # skipped: its version is retired
+        assert v1.buckets["x=2x4"].state is BucketState.ADMITTED  # skipped: its version is retired
         assert list(other.calls) == [v2.buckets["x=8x4"].key]
     finally:
         service.close()

@@ -18,11 +18,11 @@ def bucket_in(state: BucketState) -> ServedBucket:
     """A bucket brought to ``state`` through legal moves only."""
     bucket = ServedBucket("x=1x4", {"x": (1, 4)}, "k" * 64)
     path = {
-        BucketState.NEW: [],
-        BucketState.QUEUED: [BucketState.QUEUED],
-        BucketState.COMPILING: [BucketState.QUEUED, BucketState.COMPILING],
-        BucketState.READY: [BucketState.QUEUED, BucketState.COMPILING, BucketState.READY],
-        BucketState.FAILED: [BucketState.QUEUED, BucketState.COMPILING, BucketState.FAILED],
+        BucketState.COLD: [],
+        BucketState.ADMITTED: [BucketState.ADMITTED],
+        BucketState.COMPILING: [BucketState.ADMITTED, BucketState.COMPILING],
+        BucketState.READY: [BucketState.ADMITTED, BucketState.COMPILING, BucketState.READY],
+        BucketState.FAILED: [BucketState.ADMITTED, BucketState.COMPILING, BucketState.FAILED],
     }[state]
     for step in path:
         bucket.move(step)
@@ -49,32 +49,33 @@ def test_illegal_moves_are_refused_and_change_nothing(start, to):
 def test_the_table_covers_the_lifecycle():
     legal = {(a, b) for a, targets in LEGAL_MOVES.items() for b in targets}
     assert legal == {
-        (BucketState.NEW, BucketState.QUEUED),
-        (BucketState.NEW, BucketState.READY),
-        (BucketState.QUEUED, BucketState.NEW),
-        (BucketState.QUEUED, BucketState.COMPILING),
+        (BucketState.COLD, BucketState.ADMITTED),
+        (BucketState.COLD, BucketState.READY),
+        (BucketState.ADMITTED, BucketState.COLD),
+        (BucketState.ADMITTED, BucketState.COMPILING),
         (BucketState.COMPILING, BucketState.READY),
         (BucketState.COMPILING, BucketState.FAILED),
         (BucketState.READY, BucketState.READY),
+        (BucketState.READY, BucketState.COLD),
     }
     assert LEGAL_MOVES[BucketState.FAILED] == frozenset()
 
 
 def test_only_from_is_a_compare_and_set():
-    bucket = bucket_in(BucketState.QUEUED)
-    assert bucket.move(BucketState.QUEUED, only_from=BucketState.NEW) is False
-    assert bucket.state is BucketState.QUEUED
-    assert bucket.move(BucketState.COMPILING, only_from=BucketState.QUEUED) is True
+    bucket = bucket_in(BucketState.ADMITTED)
+    assert bucket.move(BucketState.ADMITTED, only_from=BucketState.COLD) is False
+    assert bucket.state is BucketState.ADMITTED
+    assert bucket.move(BucketState.COMPILING, only_from=BucketState.ADMITTED) is True
 
 
 def test_one_of_many_racing_threads_wins_the_queue_slot():
-    bucket = bucket_in(BucketState.NEW)
+    bucket = bucket_in(BucketState.COLD)
     start = threading.Barrier(16)
     wins = []
 
     def race():
         start.wait()
-        wins.append(bucket.move(BucketState.QUEUED, only_from=BucketState.NEW))
+        wins.append(bucket.move(BucketState.ADMITTED, only_from=BucketState.COLD))
 
     threads = [threading.Thread(target=race) for _ in range(16)]
     for thread in threads:
@@ -85,13 +86,13 @@ def test_one_of_many_racing_threads_wins_the_queue_slot():
 
 
 def test_serve_sets_route_and_latencies_from_new_compiling_or_ready():
-    for start in (BucketState.NEW, BucketState.COMPILING, BucketState.READY):
+    for start in (BucketState.COLD, BucketState.COMPILING, BucketState.READY):
         bucket = bucket_in(start)
         bucket.serve("tvm", {"onnxruntime": 0.123456789, "tvm": 0.05}, compile_seconds=1.5)
         assert (bucket.state, bucket.route, bucket.compile_seconds) == (BucketState.READY, "tvm", 1.5)
         assert bucket.latency_ms == {"onnxruntime": 0.1235, "tvm": 0.05}
         assert bucket.serves_kernel_key == bucket.key
-    for start in (BucketState.QUEUED, BucketState.FAILED):
+    for start in (BucketState.ADMITTED, BucketState.FAILED):
         with pytest.raises(IllegalTransitionError):
             bucket_in(start).serve("tvm", {})
 
@@ -107,7 +108,7 @@ def test_kernel_key_only_while_ready_on_a_kernel():
 
 
 def test_hits_are_not_lost_under_concurrency():
-    bucket = bucket_in(BucketState.NEW)
+    bucket = bucket_in(BucketState.COLD)
 
     def hit():
         for _ in range(20_000):
@@ -138,3 +139,34 @@ def test_tuning_status_leaves_unknown_facts_out_and_old_records_still_load():
     assert done.tuning == TuningStatus(state=TuningState.DONE, trials=3)
     with pytest.raises(ValueError):
         BucketRecord.model_validate({"key": "k", "model_version": 1, "tuning": {"state": "bogus"}})
+
+
+def test_eviction_sends_a_ready_bucket_back_to_cold_and_nothing_else():
+    bucket = bucket_in(BucketState.COMPILING)
+    bucket.serve("tvm", {"tvm": 1.0})
+    assert bucket.evict("cold: evicted") is True
+    assert (bucket.state, bucket.route, bucket.reason, bucket.serves_kernel_key) == (
+        BucketState.COLD, None, "cold: evicted", None
+    )  # fmt: skip
+    for start in (BucketState.COLD, BucketState.ADMITTED, BucketState.COMPILING, BucketState.FAILED):
+        assert bucket_in(start).evict("no") is False
+
+
+def test_hits_within_a_sliding_window():
+    bucket = bucket_in(BucketState.COLD)
+    for at in (0.0, 10.0, 50.0):
+        bucket.record_hit(at, window=60)
+    assert bucket.hits_within(60, 59.0, 3) is True
+    assert bucket.hits_within(60, 61.0, 3) is False  # the first hit left the window
+    assert bucket.hits_within(60, 61.0, 2) is True
+    assert bucket.hits_within(60, 59.0, 4) is False
+
+
+def test_traffic_decays_with_the_window():
+    busy, quiet = bucket_in(BucketState.COLD), bucket_in(BucketState.COLD)
+    for at in range(10):
+        busy.record_hit(float(at), window=60)
+    quiet.record_hit(9.0, window=60)
+    assert busy.heat(9.0) > 8 and quiet.heat(9.0) == 1.0
+    assert busy.heat(9.0 + 60) == pytest.approx(busy.heat(9.0) / 2.718281828, rel=1e-6)
+    assert busy.heat(600.0) < quiet.heat(9.0)

@@ -1,0 +1,179 @@
+"""Compile admission: a bucket is compiled only once it has earned it.
+
+Every request to a ``cold`` bucket (ONNX Runtime serves it) asks
+:meth:`CompileAdmission.consider`, which admits the bucket to the compile
+queue, or says why not:
+
+- ``below_threshold``: fewer than ``compile_min_hits`` hits within the window;
+- ``storm``: the model saw more than ``storm_new_buckets`` new buckets within
+  the window: new shapes arrive faster than compiles could pay off;
+- ``cap``: the model has ``max_compiled_buckets`` buckets compiled or on the
+  way, none colder than this one (a hotter bucket evicts the coldest);
+- ``budget``: ``compiles_per_window`` compiles were admitted within the window
+  over all models;
+- ``queue_full``: the compile queue has no room.
+
+Warm buckets (asked for at upload) skip every check; a bucket whose route an
+earlier process measured skips the threshold and the budget (it reloads its
+kernel, nothing compiles). The queue runs the busiest bucket first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from compiler.store import ArtifactStore
+
+from ..settings import Settings
+from .metrics import Metrics
+from .registry import ServedModel
+from .router import Router
+from .scheduler import CompileScheduler
+from .state import BucketState, ServedBucket
+
+log = logging.getLogger("jitserve")
+
+HOLDS_A_SLOT = (BucketState.ADMITTED, BucketState.COMPILING, BucketState.READY)
+
+
+class CompileAdmission:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        scheduler: CompileScheduler,
+        router: Router,
+        artifacts: ArtifactStore,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.scheduler = scheduler
+        self.router = router
+        self.artifacts = artifacts
+        self._admitted_at: deque[float] = deque()  # compiles admitted within the window, all models
+        self._lock = threading.Lock()
+
+    @property
+    def window(self) -> float:
+        return self.settings.compile_hit_window_seconds
+
+    def record_hit(self, bucket: ServedBucket) -> None:
+        bucket.record_hit(window=self.window)
+
+    def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
+        """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
+        if not self.scheduler.enabled or served.retired:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if bucket.state is not BucketState.COLD:
+                return
+            if bucket.first_seen is None:
+                bucket.first_seen = now
+                self._note_new_bucket(served, now)
+            decision, reason, why = self._decide(served, bucket, now)
+            if decision == "admitted" and reason != "restored":
+                if not self.scheduler.enqueue(served, bucket):
+                    decision, reason, why = "refused", "queue_full", "compile queue is full"
+                elif reason != "stored":
+                    self._admitted_at.append(now)
+            bucket.note(why)
+        self.metrics.record_admission(model=served.name, decision=decision, reason=_metric_reason(reason))
+
+    def describe(self, served: ServedModel) -> dict:
+        """The model's admission facts for ``GET /models/{name}``."""
+        now = time.monotonic()
+        with self._lock:
+            new_buckets = self._recent(served.new_buckets, now)
+            return {
+                "storm": new_buckets > self.settings.storm_new_buckets,
+                "new_buckets_in_window": new_buckets,
+                "compiled_buckets": len(self._holding_slots(served)),
+                "max_compiled_buckets": self.settings.max_compiled_buckets,
+                "compiles_admitted_in_window": self._recent(self._admitted_at, now),
+            }
+
+    # -- the decision ------------------------------------------------------
+
+    def _decide(self, served: ServedModel, bucket: ServedBucket, now: float) -> tuple[str, str, str]:
+        """(decision, reason, the bucket's reason text); runs under the lock."""
+        s = self.settings
+        if bucket.warm:
+            return "admitted", "warm", "admitted: a warm bucket"
+        remembered = self._remembered(served, bucket)
+        if not remembered and not bucket.hits_within(self.window, now, s.compile_min_hits):
+            return (
+                "deferred",
+                "below_threshold",
+                (f"cold: fewer than {s.compile_min_hits} requests within {self.window:g} s"),
+            )
+        new_buckets = self._recent(served.new_buckets, now)
+        storm = new_buckets > s.storm_new_buckets
+        self.metrics.set_shape_storm(model=served.name, storm=storm)
+        if storm and not remembered:
+            return (
+                "refused",
+                "storm",
+                (
+                    f"cold: shape storm, {new_buckets} new buckets within {self.window:g} s "
+                    f"(more than {s.storm_new_buckets}); onnxruntime serves them"
+                ),
+            )
+        stored = remembered or self.artifacts.get(bucket.key) is not None
+        if not stored and self._recent(self._admitted_at, now) >= s.compiles_per_window:
+            return "refused", "budget", f"cold: {s.compiles_per_window} compiles admitted within {self.window:g} s"
+        if not self._make_room(served, bucket, now):
+            return (
+                "refused",
+                "cap",
+                (f"cold: {s.max_compiled_buckets} buckets of the model compiled or admitted, none colder"),
+            )
+        if remembered and self.router.restore(served, bucket):
+            return "admitted", "restored", "restored: routed by an earlier process"
+        return "admitted", "stored" if stored else "threshold", "admitted: waiting for a compile worker"
+
+    def _make_room(self, served: ServedModel, bucket: ServedBucket, now: float) -> bool:
+        """Under the cap, or the coldest compiled bucket (colder than ``bucket``) evicted."""
+        holding = self._holding_slots(served)
+        if len(holding) < self.settings.max_compiled_buckets:
+            return True
+        evictable = [b for b in holding if b.state is BucketState.READY]
+        if not evictable:
+            return False
+        coldest = min(evictable, key=lambda b: b.heat(now))
+        if coldest.heat(now) >= bucket.heat(now) or not coldest.evict(
+            f"cold: evicted for the hotter bucket {bucket.label} (cap {self.settings.max_compiled_buckets})"
+        ):
+            return False
+        self.metrics.record_admission(model=served.name, decision="evicted", reason="hotter_bucket")
+        log.info("evicted %s %s for %s", served.name, coldest.label, bucket.label)
+        return True
+
+    # -- counting ----------------------------------------------------------
+
+    def _note_new_bucket(self, served: ServedModel, now: float) -> None:
+        served.new_buckets.append(now)
+        self._recent(served.new_buckets, now)
+
+    def _recent(self, times: deque[float], now: float) -> int:
+        """Drop the times older than the window; count the rest."""
+        while times and now - times[0] > self.window:
+            times.popleft()
+        return len(times)
+
+    @staticmethod
+    def _holding_slots(served: ServedModel) -> list[ServedBucket]:
+        return [b for b in served.all_buckets() if b.state in HOLDS_A_SLOT and not b.warm]
+
+    @staticmethod
+    def _remembered(served: ServedModel, bucket: ServedBucket) -> bool:
+        known = served.record.buckets.get(bucket.label)
+        return known is not None and known.key == bucket.key and known.route is not None
+
+
+def _metric_reason(reason: str) -> str:
+    # A stored kernel is admitted past the threshold like any other; it only skips the budget.
+    return "threshold" if reason == "stored" else reason
