@@ -52,8 +52,9 @@ class Settings(CompileSettings):
     over it; a bucket's traffic (which orders the queue and picks evictions) decays with it."""
 
     max_compiled_buckets: int = Field(16, ge=1)
-    """Buckets of one model compiled, compiling or admitted at most; past it a hotter bucket evicts the
-    coldest compiled one (served by ONNX Runtime again; its kernel stays stored). Warm buckets are exempt."""
+    """Buckets of one model compiled, compiling or admitted at most; past it a bucket with twice the recent
+    traffic evicts the coldest compiled one (served by ONNX Runtime again; its kernel stays stored). Warm
+    buckets are exempt."""
 
     compiles_per_window: int = Field(8, ge=1)
     """Compiles admitted over all models within one window (kernels already stored reload for free)."""

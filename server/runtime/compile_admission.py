@@ -8,7 +8,8 @@ queue, or says why not:
 - ``storm``: the model saw more than ``storm_new_buckets`` new buckets within
   the window: new shapes arrive faster than compiles could pay off;
 - ``cap``: the model has ``max_compiled_buckets`` buckets compiled or on the
-  way, none colder than this one (a hotter bucket evicts the coldest);
+  way, none of them half as hot as this one (a bucket twice as hot as the
+  coldest evicts it);
 - ``budget``: ``compiles_per_window`` compiles were admitted within the window
   over all models;
 - ``queue_full``: the compile queue has no room.
@@ -37,6 +38,8 @@ from .state import BucketState, ServedBucket
 log = logging.getLogger("jitserve")
 
 HOLDS_A_SLOT = (BucketState.ADMITTED, BucketState.COMPILING, BucketState.READY)
+EVICTION_MARGIN = 2.0
+"""A bucket evicts the coldest compiled one only when this many times hotter: no thrashing between equals."""
 
 
 class CompileAdmission:
@@ -129,14 +132,14 @@ class CompileAdmission:
             return (
                 "refused",
                 "cap",
-                (f"cold: {s.max_compiled_buckets} buckets of the model compiled or admitted, none colder"),
+                (f"cold: {s.max_compiled_buckets} buckets of the model compiled or admitted, none half as busy"),
             )
         if remembered and self.router.restore(served, bucket):
             return "admitted", "restored", "restored: routed by an earlier process"
         return "admitted", "stored" if stored else "threshold", "admitted: waiting for a compile worker"
 
     def _make_room(self, served: ServedModel, bucket: ServedBucket, now: float) -> bool:
-        """Under the cap, or the coldest compiled bucket (colder than ``bucket``) evicted."""
+        """Under the cap, or the coldest compiled bucket (if ``bucket`` is twice as hot) evicted."""
         holding = self._holding_slots(served)
         if len(holding) < self.settings.max_compiled_buckets:
             return True
@@ -144,7 +147,7 @@ class CompileAdmission:
         if not evictable:
             return False
         coldest = min(evictable, key=lambda b: b.heat(now))
-        if coldest.heat(now) >= bucket.heat(now) or not coldest.evict(
+        if coldest.heat(now) * EVICTION_MARGIN > bucket.heat(now) or not coldest.evict(
             f"cold: evicted for the hotter bucket {bucket.label} (cap {self.settings.max_compiled_buckets})"
         ):
             return False
