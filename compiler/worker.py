@@ -3,6 +3,7 @@ that one call and never its caller."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -17,10 +18,8 @@ from .errors import CompileCrashedError, CompileError, CompileTimeoutError, JitS
 _CONTEXT = multiprocessing.get_context("spawn")
 
 
-def _child_main(function: Callable[[Any], Any], argument: Any, connection, nice: int) -> None:
+def _child_main(function: Callable[[Any], Any], argument: Any, connection) -> None:
     try:
-        if nice:
-            os.nice(nice)
         result = function(argument)
     except JitServeError as exc:
         connection.send(("error", type(exc).__name__, str(exc)))
@@ -59,9 +58,12 @@ def run_in_child(
     receiver, sender = _CONTEXT.Pipe(duplex=False)
     # daemon: a compile never outlives the process that asked for it.
     process = _CONTEXT.Process(
-        target=_child_main, args=(function, argument, sender, nice), name=f"jitserve-{what}", daemon=True
+        target=_child_main, args=(function, argument, sender), name=f"jitserve-{what}", daemon=True
     )
     process.start()
+    if nice:  # at once, not only when the child gets to it: its imports run below serving too
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
     sender.close()
     try:
         if not receiver.poll(timeout):
