@@ -137,6 +137,7 @@ def _compile(args, settings) -> list[dict]:
                 "bucket": manifest.bucket,
                 "target": manifest.target,
                 "compile_seconds": round(manifest.compile_seconds, 3),
+                "compile_stages": manifest.compile_stages,
                 "cached": outcome.cached,
                 "verified": manifest.verified,
                 "verification": manifest.verification,

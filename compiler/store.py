@@ -38,6 +38,9 @@ class Manifest(BaseModel):
     tvm_version: str
     options: dict
     compile_seconds: float
+    compile_stages: dict[str, float] | None = None
+    """Wall seconds per stage: load, simplify, import, [tune], the Relax pipeline's stages, codegen,
+    export, verify (``compile_seconds`` is their sum but verify)."""
     simplified: bool
     verified: bool | None
     verification: str

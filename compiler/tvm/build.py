@@ -2,7 +2,8 @@
 
 specialize (fix shapes, fold shape subgraphs) -> import to Relax -> the
 target's default Relax pipeline (fusion; dlight schedules on GPU) -> export
-``kernel.so`` -> verify against ONNX Runtime on seeded random inputs.
+``kernel.so`` -> verify against ONNX Runtime on seeded random inputs. Each
+stage is timed (``compile_stages`` in the manifest).
 """
 
 from __future__ import annotations
@@ -69,12 +70,33 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dty
         raise CompileError(f"TVM import failed: {type(exc).__name__}: {_last_line(exc)}") from None
 
 
-def compile_relax(mod, target_dict: dict, database=None):
+def compile_relax(mod, target_dict: dict, database=None, stage_seconds: dict[str, float] | None = None):
+    """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages."""
     target = tvm.target.Target(target_dict)
     try:
-        return tvm.compile(mod, target, relax_pipeline=build_pipeline(target, database))
+        return tvm.compile(mod, target, relax_pipeline=build_pipeline(target, database, stage_seconds))
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
+
+
+class StageClock:
+    """Wall time per named stage, in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str, *, after: dict[str, float] | None = None) -> None:
+        """The time since the last lap is ``stage``'s; ``after``: stages timed within it, which come first
+        and leave ``stage`` the rest."""
+        now = time.perf_counter()
+        inner = after or {}
+        self.seconds.update(inner)
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._last - sum(inner.values())
+        self._last = now
+
+    def rounded(self) -> dict[str, float]:
+        return {stage: round(seconds, 3) for stage, seconds in self.seconds.items()}
 
 
 def cuda_available() -> bool:
@@ -84,9 +106,13 @@ def cuda_available() -> bool:
 def build_and_verify(job: BuildJob) -> dict:
     """Compile ``job`` into ``job.library_path`` and verify it; return the facts."""
     started = time.perf_counter()
+    clock = StageClock()
     model = onnx.load_from_string(job.model_bytes)
+    clock.lap("load")
     specialized, simplified = specialize(model, job.bucket, job.simplify)
+    clock.lap("simplify")
     mod = import_relax(specialized, job.bucket, job.dtypes)
+    clock.lap("import")
     facts = {"simplified": simplified}
     if job.tune_trials:
         facts["tuning"] = tune(
@@ -97,9 +123,14 @@ def build_and_verify(job: BuildJob) -> dict:
             database_dir=job.database_dir,
             progress_path=job.progress_path,
         )
-    executable = compile_relax(mod, job.target, open_shared_database(job.database_dir))
+        clock.lap("tune")
+    pipeline_stages: dict[str, float] = {}
+    executable = compile_relax(mod, job.target, open_shared_database(job.database_dir), pipeline_stages)
+    clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
+    clock.lap("export")
     facts["compile_seconds"] = time.perf_counter() - started
+    facts["compile_stages"] = clock.rounded()
 
     on_cuda = job.target["kind"] == "cuda"
     if on_cuda and not cuda_available():
@@ -109,6 +140,8 @@ def build_and_verify(job: BuildJob) -> dict:
     kernel = TvmEngine(job.library_path, job.input_names, job.output_names, device=job.target["kind"])
     reference = OrtEngine(job.model_bytes, cuda=on_cuda)
     comparison = compare_outputs(kernel.run(inputs), reference.run(inputs), job.rtol, job.atol)
+    clock.lap("verify")
+    facts["compile_stages"] = clock.rounded()
     return facts | {
         "verified": comparison.matches,
         "verification": comparison.detail,

@@ -1,8 +1,9 @@
 """The Relax pipeline jitserve compiles with, as named stages.
 
-    dispatch -> fuse (legalize, fold, FuseOps, FuseTIR) -> [vectorizable math, CPU]
-    -> [tuning records]
-    -> default schedules -> dataflow lowering -> finalize
+    dispatch -> legalize -> fold constants -> fuse (FuseOps, FuseTIR, [vectorizable math, CPU])
+    -> [apply tuning records] -> schedule (default rules) -> lower (dataflow lowering, finalize)
+
+Each stage's wall time can be collected (the manifest's ``compile_stages``).
 
 Tuned records (MetaSchedule, when a database is given) are applied before
 the default schedules, which skip functions already scheduled. Runs in the
@@ -11,6 +12,8 @@ compile child only (imports TVM). The stages' identity in artifact keys is
 """
 
 from __future__ import annotations
+
+import time
 
 import tvm
 from tvm import relax
@@ -28,14 +31,19 @@ def _backend(target: tvm.target.Target):
     raise ValueError(f"unsupported target kind {target.kind.name!r}")
 
 
-def fusion_passes() -> list:
+def tuned_module_stages(target: tvm.target.Target) -> list[tuple[str, list]]:
+    """Everything up to (and including) fusion, as named stages: the TIR functions that tuning sees."""
+    math = [vectorizable_math_pass()] if target.kind.name == "llvm" else []
     return [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
+        ("dispatch", _backend(target).library_dispatch_passes(target)),
+        ("legalize", [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]),
+        ("fold_constants", [relax.transform.FoldConstant()]),
+        ("fuse", [relax.transform.FuseOps(), relax.transform.FuseTIR(), *math]),
     ]
+
+
+def tuned_module_passes(target: tvm.target.Target) -> list:
+    return [p for _, passes in tuned_module_stages(target) for p in passes]
 
 
 def default_schedule_pass(target: tvm.target.Target):
@@ -46,32 +54,36 @@ def default_schedule_pass(target: tvm.target.Target):
     return dl.ApplyDefaultSchedule(*default_cpu_rules())
 
 
-def tuned_module_passes(target: tvm.target.Target) -> list:
-    """Everything up to (and including) fusion: the TIR functions that tuning sees."""
-    math = [vectorizable_math_pass()] if target.kind.name == "llvm" else []
-    return _backend(target).library_dispatch_passes(target) + fusion_passes() + math
-
-
-def build_pipeline(target: tvm.target.Target, database=None) -> tvm.transform.Pass:
+def build_pipeline(
+    target: tvm.target.Target, database=None, stage_seconds: dict[str, float] | None = None
+) -> tvm.transform.Pass:
+    """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time."""
     backend = _backend(target)
 
-    def stages() -> list:
+    def stages() -> list[tuple[str, list]]:
         # Built under the target: MetaScheduleApplyDatabase reads Target.current() when constructed.
         tuned = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)] if database is not None else []
-        return (
-            tuned_module_passes(target)
-            + tuned
-            + [default_schedule_pass(target)]
-            + backend.dataflow_lower_passes(target)
-            + backend.finalize_passes(target)
-        )
+        return [
+            *tuned_module_stages(target),
+            ("apply_tuning_records", tuned),
+            ("schedule", [default_schedule_pass(target)]),
+            ("lower", backend.dataflow_lower_passes(target) + backend.finalize_passes(target)),
+        ]
+
+    def run(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
+        for name, passes in stages():
+            started = time.perf_counter()
+            mod = tvm.transform.Sequential(passes)(mod)
+            if stage_seconds is not None:
+                stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
+        return mod
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_pipeline")
     def _pipeline(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         with target:
             if database is None:
-                return tvm.transform.Sequential(stages())(mod)
+                return run(mod)
             with database:
-                return tvm.transform.Sequential(stages())(mod)
+                return run(mod)
 
     return _pipeline

@@ -70,6 +70,7 @@ class BucketBuilder:
             self.metrics.record_compile(
                 model=name, target=kind, tier=tier, outcome=verdict, seconds=manifest.compile_seconds
             )
+            self.metrics.record_compile_stages(model=name, stages=manifest.compile_stages or {})
             log.info("built %s %s %s in %.1fs (%s)", tier, name, bucket.label, manifest.compile_seconds, verdict)
         failure = None if manifest.verified is True else f"verification against onnxruntime: {manifest.verification}"
         return TierBuild(outcome, failure, time.perf_counter() - started)

@@ -31,6 +31,21 @@ def test_elementwise_model_per_dtype(store, dtype):
     assert outcome.manifest.bucket == {"x": [4, 4]}
 
 
+def test_the_manifest_times_every_stage(store):
+    outcome = compile_bucket(_load(synthetic.relu_model([2, 8])), {"x": (2, 8)}, resolve_target("llvm"), store)
+    manifest = outcome.manifest
+    stages = manifest.compile_stages
+    assert list(stages) == [
+        "load", "simplify", "import", "dispatch", "legalize", "fold_constants", "fuse",
+        "apply_tuning_records", "schedule", "lower", "codegen", "export", "verify",
+    ]  # fmt: skip
+    assert all(seconds >= 0 for seconds in stages.values())
+    assert stages["codegen"] > 0 and stages["export"] > 0  # LLVM and the linker did run
+    without_verify = sum(seconds for stage, seconds in stages.items() if stage != "verify")
+    assert without_verify == pytest.approx(manifest.compile_seconds, abs=0.02)
+    assert store.get(manifest.key).compile_stages == stages  # kept with the artifact
+
+
 def test_two_inputs_sharing_a_named_axis(store):
     model = _load(synthetic.two_input_model())
     outcome = compile_bucket(model, {"a": (2, 8), "b": (2, 8)}, resolve_target("llvm"), store)
