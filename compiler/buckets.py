@@ -29,9 +29,18 @@ class AxisPolicy(BaseModel):
     min: int = Field(1, ge=1, description="pow2: smallest bucket size")
     max: int = Field(64, ge=1, description="pow2: largest bucket size")
     sizes: list[int] = Field(default_factory=list, description="list: the bucket sizes")
+    approximate: float | None = Field(
+        None,
+        gt=0,
+        description="opt-in, for models whose own preprocessing pads (text lines, letterboxed images): "
+        "pad even though padding changes the outputs, by at most this absolute error (checked at upload, "
+        "measured per bucket)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AxisPolicy:
+        if self.approximate is not None and self.kind == "exact":
+            raise ValueError("an 'exact' policy never pads: 'approximate' needs 'pow2' or 'list'")
         if self.kind == "list":
             if not self.sizes or any(s < 1 for s in self.sizes):
                 raise ValueError("a 'list' policy needs positive sizes")
@@ -68,6 +77,8 @@ class AxisSafety(BaseModel):
     max_abs_error: float | None = None
     probe_failed: bool = False
     """The model itself refused the probe shape: nothing was learned about padding."""
+    approximate: bool = False
+    """Padding changes the outputs, within the policy's ``approximate`` tolerance."""
 
 
 def bucket_label(bucket: Bucket) -> str:
@@ -162,6 +173,23 @@ class BucketPlanner:
     def typical_request(self, bucket: Bucket) -> Bucket:
         """A request shape this bucket serves, halfway between the smallest and the bucket itself
         on every padded axis: what routing times the engines at, as serving runs them."""
+        return self._request_within(bucket, lambda lowest, size: (lowest + size + 1) // 2)
+
+    def most_padded_request(self, bucket: Bucket) -> Bucket:
+        """The smallest request shape this bucket serves: the most padding it ever adds."""
+        return self._request_within(bucket, lambda lowest, _: lowest)
+
+    def approximate_tolerance(self, bucket: Bucket) -> float | None:
+        """The smallest ``approximate`` tolerance among the axes this bucket pads approximately; None if none."""
+        tolerances = [
+            self.policies[axis].approximate
+            for spec in self.signature.inputs
+            for _, axis in spec.symbolic_axes()
+            if axis in self.safety and self.safety[axis].approximate and self.effective_policy(axis).approximate
+        ]
+        return min(tolerances) if tolerances else None
+
+    def _request_within(self, bucket: Bucket, pick) -> Bucket:
         sizes: dict[str, int] = {}
         for spec in self.signature.inputs:
             for index, axis in spec.symbolic_axes():
@@ -170,7 +198,7 @@ class BucketPlanner:
                 lowest = size
                 while lowest > 1 and size - lowest < 4096 and policy.bucket_size(lowest - 1) == size:
                     lowest -= 1
-                sizes[axis] = (lowest + size + 1) // 2
+                sizes[axis] = pick(lowest, size)
         return {
             spec.name: tuple(d if isinstance(d, int) else sizes[d] for d in spec.dims) for spec in self.signature.inputs
         }

@@ -25,6 +25,10 @@ class Bucket(BaseModel):
     )
     engine: str = Field(description="the engine serving it: onnxruntime, tvm or tvm-tuned")
     latency_ms: dict[str, float] = Field(description="measured median latency per verified engine")
+    padded_error: dict[str, float] = Field(
+        description="per kernel, its largest absolute difference from onnxruntime on the bucket's most padded "
+        "request (an approximate axis's kernel serves only within its tolerance)"
+    )
     compile_seconds: float | None
     hits: int = Field(description="requests served from this bucket")
     traffic: float = Field(

@@ -304,3 +304,21 @@ def gather_rows_model(rows: int = 10, dim: int = 4) -> bytes:
         initializer=[table],
     )
     return make_model(graph).SerializeToString()
+
+
+def mean_mix_model(weight: float = 0.01) -> bytes:
+    """``y = x + weight * mean(x over W)`` on x[1, 8, W]: zero padding along W shifts the mean, so it
+    changes every output by a little (an axis for the ``approximate`` policy)."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[2], keepdims=1),
+        helper.make_node("Mul", ["mean", "weight"], ["scaled"]),
+        helper.make_node("Add", ["x", "scaled"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mean_mix",
+        [value("x", "float32", [1, 8, "W"])],
+        [value("y", "float32", [1, 8, "W"])],
+        initializer=[numpy_helper.from_array(np.array(weight, dtype=np.float32), "weight")],
+    )
+    return make_model(graph).SerializeToString()

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from compiler.arrays import random_inputs
+from compiler.arrays import compare_outputs, random_inputs
 from compiler.buckets import BucketPlan, BucketPlanner
 from compiler.engines import Engine
 from compiler.store import ArtifactStore
@@ -52,24 +52,41 @@ class Router:
         its pad and cut-back. ``kernels`` are private instances, so a kernel serving live traffic
         is not timed while it waits for its own requests.
         """
-        planner = served.planner
-        shapes, limits = planner.typical_request(bucket.bucket), served.model.index_bounds.limits
-        inputs = random_inputs(shapes, served.dtypes, self.settings.verify_seed + 1, limits)
-        plan = planner.plan({name: array.shape for name, array in inputs.items()})
-        pad_values = served.record.config.pad_values
-        engines = {name: ServingKernel(kernel, planner, plan, pad_values) for name, kernel in kernels.items()}
+        inputs, engines = self._serving(served, bucket, kernels, served.planner.typical_request(bucket.bucket))
         latency = median_latencies_ms(
             {"onnxruntime": served.ort, **engines}, inputs, warmup=2, runs=self.settings.routing_runs
         )
+        errors = self._padded_errors(served, bucket, kernels)
+        tolerance = served.planner.approximate_tolerance(bucket.bucket)
+        allowed = ["onnxruntime"] + [e for e in kernels if tolerance is None or errors[e] <= tolerance]
         if self.settings.routing == "compiled":
-            route = "tvm-tuned" if "tvm-tuned" in kernels else "tvm"
+            route = next((e for e in ("tvm-tuned", "tvm") if e in allowed), "onnxruntime")
         else:
-            route = min(latency, key=latency.get)
-        bucket.serve(route, latency)
+            route = min(allowed, key=latency.get)
+        bucket.serve(route, latency, padded_error=errors)
         self.metrics.record_routing(model=served.name, engine=route)
         log.info("routed %s %s to %s (%s)", served.name, bucket.label, route, bucket.latency_ms)
         self.remember(served, bucket)
         return route
+
+    def _serving(
+        self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine], shapes: dict
+    ) -> tuple[dict[str, np.ndarray], dict[str, ServingKernel]]:
+        """Seeded inputs of ``shapes`` (a request the bucket serves) and the kernels as serving runs them."""
+        inputs = random_inputs(shapes, served.dtypes, self.settings.verify_seed + 1, served.model.index_bounds.limits)
+        plan = served.planner.plan({name: array.shape for name, array in inputs.items()})
+        pad_values = served.record.config.pad_values
+        return inputs, {name: ServingKernel(k, served.planner, plan, pad_values) for name, k in kernels.items()}
+
+    def _padded_errors(self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine]) -> dict:
+        """Each kernel's largest difference from ONNX Runtime on the bucket's most padded request."""
+        inputs, engines = self._serving(served, bucket, kernels, served.planner.most_padded_request(bucket.bucket))
+        reference = served.ort.run(inputs)
+        s = self.settings
+        return {
+            name: compare_outputs(engine.run(inputs), reference, s.verify_rtol, s.verify_atol).max_abs_error
+            for name, engine in engines.items()
+        }
 
     def restore(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """A bucket routed by an earlier process keeps its measured route (no compile, no re-measure)."""
@@ -82,7 +99,12 @@ class Router:
         if known.route != "onnxruntime" and (manifest is None or manifest.verified is not True):
             return False
         compiled = self.artifacts.get(bucket.key)
-        bucket.serve(known.route, known.latency_ms, compile_seconds=compiled.compile_seconds if compiled else None)
+        bucket.serve(
+            known.route,
+            known.latency_ms,
+            compile_seconds=compiled.compile_seconds if compiled else None,
+            padded_error=known.padded_error,
+        )
         return True
 
     def remember(self, served: ServedModel, bucket: ServedBucket) -> None:
@@ -93,6 +115,7 @@ class Router:
             key=bucket.key,
             model_version=served.record.version,
             latency_ms=bucket.latency_ms,
+            padded_error=bucket.padded_error,
             route=bucket.route,
             tuned_key=bucket.tuned_key,
             tuning=bucket.tuning,

@@ -87,6 +87,8 @@ class ServedBucket:
         self.compile_seconds: float | None = None
         self.route: str | None = None
         self.latency_ms: dict[str, float] = {}
+        self.padded_error: dict[str, float] = {}
+        """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
         self.tuning: TuningStatus | None = None
         self._hits = 0
@@ -114,12 +116,21 @@ class ServedBucket:
     def fail(self, reason: str) -> None:
         self.move(BucketState.FAILED, reason=reason)
 
-    def serve(self, route: str, latency_ms: dict[str, float], *, compile_seconds: float | None = None) -> None:
+    def serve(
+        self,
+        route: str,
+        latency_ms: dict[str, float],
+        *,
+        compile_seconds: float | None = None,
+        padded_error: dict[str, float] | None = None,
+    ) -> None:
         """Ready, served by ``route`` (first routing, a restored route or a re-route after tuning)."""
         with self._lock:
             self._check(BucketState.READY)
             self.state, self.reason, self.route = BucketState.READY, None, route
             self.latency_ms = {engine: round(ms, 4) for engine, ms in latency_ms.items()}
+            if padded_error is not None:
+                self.padded_error = {engine: float(f"{error:.3g}") for engine, error in padded_error.items()}
             if compile_seconds is not None:
                 self.compile_seconds = compile_seconds
 
@@ -205,6 +216,7 @@ class ServedBucket:
                 "reason": self.reason,
                 "engine": self.route if self.state is BucketState.READY and self.route else "onnxruntime",
                 "latency_ms": dict(self.latency_ms),
+                "padded_error": dict(self.padded_error),
                 "compile_seconds": self.compile_seconds,
                 "hits": self._hits,
                 "traffic": round(self.heat(time.monotonic()), 3),

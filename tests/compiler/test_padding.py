@@ -119,3 +119,34 @@ def test_an_axis_no_size_works_for_names_the_config_field():
     assert samples.probe_failed and not samples.safe
     assert samples.reason.startswith("could not probe axis 'samples': the model fails at sizes [32]")
     assert 'probe_sizes {"samples": N}' in samples.reason
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "safe"), [(None, False), (0.05, True), (1e-6, False)], ids=["not-approximate", "within", "beyond"]
+)
+def test_approximate_policy_pads_within_its_tolerance(tolerance, safe):
+    engine, signature = _engine_and_signature(synthetic.mean_mix_model())
+    safety = check_axis_padding(engine, signature, "W", {"W": 20}, 32, tolerance=tolerance)
+    assert (safety.safe, safety.approximate) == (safe, safe)
+    assert 1e-4 < safety.max_abs_error < 0.05  # the mean over 20 of 32 columns, times 0.01
+    if tolerance is None:
+        assert safety.reason.startswith("padding changes the outputs")
+    elif safe:
+        assert safety.reason == (
+            f"approximate: padding 20 -> 32 changes the outputs by up to {safety.max_abs_error:.3g} (tolerance 0.05)"
+        )
+        assert safety.output_axes == {"y": [2]}
+    else:
+        assert safety.reason.endswith("beyond the tolerance 1e-06")
+
+
+def test_approximate_needs_a_padding_policy():
+    with pytest.raises(ValueError, match="'exact' policy never pads"):
+        AxisPolicy(kind="exact", approximate=0.1)
+    policies = {"W": AxisPolicy(kind="pow2", min=8, max=64, approximate=0.05)}
+    engine, signature = _engine_and_signature(synthetic.mean_mix_model())
+    safety = probe_padding(engine, signature, policies, {"W": 20})
+    planner = BucketPlanner(signature, policies, safety)
+    assert planner.approximate_tolerance({"x": (1, 8, 32)}) == 0.05
+    assert planner.most_padded_request({"x": (1, 8, 32)}) == {"x": (1, 8, 17)}
+    assert planner.plan({"x": (1, 8, 20)}).bucket == {"x": (1, 8, 32)}
