@@ -322,3 +322,20 @@ def mean_mix_model(weight: float = 0.01) -> bytes:
         initializer=[numpy_helper.from_array(np.array(weight, dtype=np.float32), "weight")],
     )
     return make_model(graph).SerializeToString()
+
+
+def conv_model(channels: int = 16, size: int = 96) -> bytes:
+    """A padded 3x3 conv and a Relu on x[N, 3, size, size]: a detector's first layer."""
+    weight = np.random.default_rng(5).standard_normal((channels, 3, 3, 3)).astype(np.float32) * 0.2
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [value("x", "float32", ["N", 3, size, size])],
+        [value("y", "float32", ["N", channels, size, size])],
+        initializer=[numpy_helper.from_array(weight, "w")],
+    )
+    return make_model(graph).SerializeToString()

@@ -10,4 +10,4 @@ a kernel built by a different pipeline is a different artifact.
 PIPELINE = "fuse+tuning-records+default-schedules"
 
 # Bump when jitserve's own build steps (pipeline.py, schedules/) change the code they generate.
-COMPILER_VERSION = "4"
+COMPILER_VERSION = "5"

@@ -87,3 +87,15 @@ def test_an_embedding_smaller_than_the_test_ids_verifies(store):
     model = _load(synthetic.embedding_model(vocab=3))
     outcome = compile_bucket(model, {"ids": (2, 8)}, resolve_target("llvm"), store)
     assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
+def test_a_conv_at_batch_4_makes_no_more_code_than_at_batch_1(store):
+    """Code size stands in for compile time (tests are not timed): a padded image unrolled whole
+    once made the batch-4 kernel of a detector 30x slower to compile than batch 1."""
+    model, target = _load(synthetic.conv_model()), resolve_target("llvm", num_cores=2)
+    sizes = {}
+    for batch in (1, 4):
+        manifest = compile_bucket(model, {"x": (batch, 3, 96, 96)}, target, store).manifest
+        assert manifest.verified is True, manifest.verification
+        sizes[batch] = manifest.library_bytes
+    assert sizes[4] < 1.5 * sizes[1], sizes

@@ -22,6 +22,9 @@ PARALLEL_MIN_MACS = 1 << 22
 # vector load (matmul, conv), and when they do not (depthwise conv, pooling; 4 measured best).
 ACCUMULATOR_VECTORS = 16
 ACCUMULATOR_VECTORS_NO_REUSE = 4
+# Loop copies one unrolled tile loop nest may make: a per-channel pad tile can be a whole
+# padded image (C x H rows at batch >= 2 x cores), which took LLVM minutes to compile.
+MAX_UNROLLED_COPIES = 64
 
 
 class SafeRule(CPUScheduleRule):

@@ -12,6 +12,7 @@ from tvm import s_tir, tirx
 from .base import (
     ACCUMULATOR_VECTORS,
     ACCUMULATOR_VECTORS_NO_REUSE,
+    MAX_UNROLLED_COPIES,
     PARALLEL_MIN_ELEMENTS,
     PARALLEL_MIN_MACS,
     LoopRV,
@@ -285,9 +286,15 @@ def _vectorize_tile(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV | None) -
         loops = loops[loop_depth(sch, tile) :]
     if loops and (loop_extent(sch, loops[-1]) or 1) > 1:
         sch.vectorize(loops[-1])
-    for loop in loops[:-1]:
-        if (loop_extent(sch, loop) or 1) > 1:
+    # Unroll from the inside out while the copies stay few: a tile can be a whole padded image.
+    copies = 1
+    for loop in reversed(loops[:-1]):
+        extent = loop_extent(sch, loop) or 1
+        if extent > 1:
+            if copies * extent > MAX_UNROLLED_COPIES:
+                break
             sch.unroll(loop)
+            copies *= extent
 
 
 # --------------------------------------------------------------------------- row-reduction helpers
