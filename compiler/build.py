@@ -43,14 +43,18 @@ def compile_bucket(
     *,
     builder=_build_in_child,
     progress_path: str | None = None,
+    verify_sizes: dict[str, list[int]] | None = None,
 ) -> CompileOutcome:
     """Return the stored artifact for this key, compiling it first if needed.
 
     ``builder`` runs in the child; tests pass one that crashes on purpose.
     A tuning compile writes its progress to ``progress_path`` as it goes.
+    A dim given as a name (``{"x": (1, 3, 48, "W")}``) stays symbolic: the
+    dynamic-shape tier, one kernel for every size of it, verified at each of
+    ``verify_sizes[name]``.
     """
     options = options or CompileOptions()
-    bucket = {name: tuple(int(d) for d in shape) for name, shape in bucket.items()}
+    bucket = {name: tuple(d if isinstance(d, str) else int(d) for d in shape) for name, shape in bucket.items()}
     key = bucket_key(model, bucket, target, options)
     existing = store.get(key)
     if existing is not None:
@@ -75,6 +79,7 @@ def compile_bucket(
             database_dir=options.database_dir,
             index_limits=model.index_bounds.limits,
             progress_path=progress_path,
+            verify_sizes=verify_sizes,
         )
         facts = run_in_child(builder, job, timeout=options.timeout_seconds, nice=options.nice)
         manifest = Manifest(

@@ -106,3 +106,5 @@ class BuildJob:
     """input -> size of the dimension it indexes: verification inputs stay below it."""
     progress_path: str | None = None
     """Where tuning writes its progress (``{"trials", "best_ms"}``) as it goes."""
+    verify_sizes: dict[str, list[int]] | None = None
+    """A symbolic bucket's named dim -> the sizes it is verified at (one kernel serves them all)."""

@@ -33,7 +33,8 @@ def tvm_version() -> str:
 class Manifest(BaseModel):
     key: str
     model_digest: str
-    bucket: dict[str, list[int]]
+    bucket: dict[str, list[int | str]]
+    """The bucket's shape per input; a name is a dim the kernel keeps symbolic (the dynamic-shape tier)."""
     target: dict
     tvm_version: str
     options: dict

@@ -23,33 +23,46 @@ from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
 
 
-def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+def is_symbolic(bucket: dict[str, tuple]) -> bool:
+    """A bucket with a named dim (a string) is the dynamic-shape tier: one kernel for every size of it."""
+    return any(isinstance(d, str) for shape in bucket.values() for d in shape)
+
+
+def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple]) -> onnx.ModelProto:
+    """The bucket's sizes as the inputs' dims; a named dim stays symbolic under that one name."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     for value in fixed.graph.input:
         if value.name in bucket:
             for dim, size in zip(value.type.tensor_type.shape.dim, bucket[value.name], strict=True):
                 dim.Clear()
-                dim.dim_value = int(size)
+                if isinstance(size, str):
+                    dim.dim_param = size
+                else:
+                    dim.dim_value = int(size)
     return fixed
 
 
-def specialize(
-    model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], simplify: bool
-) -> tuple[onnx.ModelProto, bool]:
+def specialize(model: onnx.ModelProto, bucket: dict[str, tuple], simplify: bool) -> tuple[onnx.ModelProto, bool]:
     """Fix the input shapes and fold the shape subgraphs TVM cannot import.
 
     Returns the model and whether onnxsim simplified it; a model onnxsim
-    cannot handle is still tried with only its shapes fixed.
+    cannot handle is still tried with only its shapes fixed. A symbolic bucket's
+    dims are written into the model first and onnxsim folds what the fixed dims
+    determine (PP-OCR rec's Shape -> Concat -> Reshape chains become constants).
     """
+    fixed = fix_input_shapes(model, bucket)
     if simplify:
         try:
-            simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={k: list(v) for k, v in bucket.items()})
+            if is_symbolic(bucket):
+                simplified, ok = onnxsim.simplify(fixed)
+            else:
+                simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={k: list(v) for k, v in bucket.items()})
             if ok:
                 return simplified, True
         except Exception:  # noqa: BLE001 - onnxsim raises anything; fall back below
             pass
-    return fix_input_shapes(model, bucket), False
+    return fixed, False
 
 
 def _last_line(exc: BaseException) -> str:
@@ -57,11 +70,13 @@ def _last_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
+def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[str, str]):
+    # A named dim becomes one tirx.Var per name, shared by every input that has it (a plain string fails).
+    variables = {d: tvm.tirx.Var(d, "int64") for shape in bucket.values() for d in shape if isinstance(d, str)}
     try:
         return from_onnx(
             model,
-            shape_dict={k: list(v) for k, v in bucket.items()},
+            shape_dict={k: [variables.get(d, d) if isinstance(d, str) else d for d in v] for k, v in bucket.items()},
             dtype_dict=dict(dtypes),
         )
     except tvm.error.OpNotImplemented as exc:
@@ -136,14 +151,43 @@ def build_and_verify(job: BuildJob) -> dict:
     if on_cuda and not cuda_available():
         return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}
 
-    inputs = random_inputs(job.bucket, job.dtypes, job.seed, job.index_limits)
     kernel = TvmEngine(job.library_path, job.input_names, job.output_names, device=job.target["kind"])
     reference = OrtEngine(job.model_bytes, cuda=on_cuda)
-    comparison = compare_outputs(kernel.run(inputs), reference.run(inputs), job.rtol, job.atol)
+    verdicts = []
+    for shapes in verification_shapes(job):
+        inputs = random_inputs(shapes, job.dtypes, job.seed, job.index_limits)
+        comparison = compare_outputs(kernel.run(inputs), reference.run(inputs), job.rtol, job.atol)
+        verdicts.append((shapes, comparison))
     clock.lap("verify")
     facts["compile_stages"] = clock.rounded()
+    failed = [(shapes, c) for shapes, c in verdicts if not c.matches]
+    shapes, worst = failed[0] if failed else verdicts[0]
+    if is_symbolic(job.bucket):  # name the shape that failed, or every shape checked
+        checked = "; ".join(_label(shapes) for shapes, _ in verdicts)
+        detail = f"at {_label(shapes)}: {worst.detail}" if failed else f"{worst.detail} at {checked}"
+    else:
+        detail = worst.detail
     return facts | {
-        "verified": comparison.matches,
-        "verification": comparison.detail,
-        "max_abs_error": comparison.max_abs_error,
+        "verified": not failed,
+        "verification": detail,
+        "max_abs_error": max(c.max_abs_error for _, c in verdicts),
     }
+
+
+def verification_shapes(job: BuildJob) -> list[dict[str, tuple[int, ...]]]:
+    """The bucket itself; for a symbolic bucket, one shape per verification size of its named dims."""
+    if not is_symbolic(job.bucket):
+        return [job.bucket]
+    sizes = job.verify_sizes or {}
+    count = max((len(v) for v in sizes.values()), default=0)
+    names = {d for shape in job.bucket.values() for d in shape if isinstance(d, str)}
+    if count == 0 or names - set(sizes):
+        raise CompileError(f"a symbolic bucket needs verification sizes for {sorted(names)}")
+    return [
+        {k: tuple(sizes[d][i % len(sizes[d])] if isinstance(d, str) else d for d in v) for k, v in job.bucket.items()}
+        for i in range(count)
+    ]
+
+
+def _label(shapes: dict[str, tuple[int, ...]]) -> str:
+    return ",".join(f"{name}={'x'.join(map(str, shape))}" for name, shape in shapes.items())

@@ -99,3 +99,39 @@ def test_a_conv_at_batch_4_makes_no_more_code_than_at_batch_1(store):
         assert manifest.verified is True, manifest.verification
         sizes[batch] = manifest.library_bytes
     assert sizes[4] < 1.5 * sizes[1], sizes
+
+
+@pytest.mark.parametrize(
+    ("data", "bucket", "sizes"),
+    [
+        (synthetic.mean_mix_model(), {"x": (1, 8, "W")}, {"W": [17, 64, 333]}),
+        (synthetic.conv_model(size=24), {"x": ("N", 3, 24, 24)}, {"N": [1, 3, 5]}),
+    ],
+    ids=["reduction-over-W", "conv-over-N"],
+)
+def test_one_dynamic_kernel_serves_every_size(store, data, bucket, sizes):
+    """The dynamic-shape tier: a named dim stays symbolic, one kernel runs every size of it."""
+    import numpy as np
+
+    from compiler.engines import OrtEngine, TvmEngine
+
+    model = _load(data)
+    manifest = compile_bucket(model, bucket, resolve_target("llvm"), store, verify_sizes=sizes).manifest
+    assert manifest.verified is True, manifest.verification
+    assert manifest.bucket == {"x": list(bucket["x"])}
+    name = next(iter(sizes))
+    assert manifest.verification.count(";") == 2  # all three sizes checked
+    kernel = TvmEngine(store.library_path(manifest.key), ["x"], model.signature.output_names)
+    reference = OrtEngine(data)
+    for size in (2, 40, 101):  # sizes it was not verified at
+        shape = tuple(size if d == name else d for d in bucket["x"])
+        x = {"x": np.random.default_rng(size).standard_normal(shape).astype(np.float32)}
+        np.testing.assert_allclose(kernel.run(x)["y"], reference.run(x)["y"], rtol=1e-3, atol=1e-4)
+
+
+def test_a_symbolic_bucket_without_verification_sizes_is_refused(store):
+    from compiler.errors import CompileError
+
+    with pytest.raises(CompileError, match=r"needs verification sizes for \['W'\]"):
+        compile_bucket(_load(synthetic.mean_mix_model()), {"x": (1, 8, "W")}, resolve_target("llvm"), store)
+    assert list(store.keys()) == []

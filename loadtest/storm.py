@@ -1,0 +1,177 @@
+"""A shape storm against compile admission, on PP-OCR rec (text width exact, batch pow2 1..8).
+
+    .venv/bin/python loadtest/storm.py [--requests 1000] [--storm-clients 1] [--out loadtest/results]
+
+Starts a real jitserve (fresh data dir), uploads PP-OCR rec with its hot shape
+as a warm bucket, then measures the hot shape's latency alone (one client,
+sequential), then again while storm clients send ``--requests`` requests of
+random widths (every width a bucket of its own). Prints and writes
+``storm.json``: the hot shape's p50/p99 before and during the storm and their
+ratio, the storm's errors, distinct shapes and buckets, compile admission's
+decisions, compiles admitted and run, and the CPU it ran on. V2 binary tensors
+keep the HTTP cost out of the way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from loadtest.common import start_server  # noqa: E402
+from loadtest.compare import cpu_line, v2_binary_body  # noqa: E402
+from tests.realmodels import REC, real_model  # noqa: E402
+
+HOT = (1, 3, 48, 320)
+BATCH, HEIGHT, WIDTH = "p2o.DynamicDimension.0", "x:2", "p2o.DynamicDimension.1"
+CONFIG = {
+    "axes": {BATCH: {"kind": "pow2", "min": 1, "max": 8}},
+    "probe_sizes": {BATCH: 1, HEIGHT: 48, WIDTH: 320},
+    "warm_buckets": [{"x": list(HOT)}],
+}
+
+
+def infer(client: httpx.Client, shape: tuple[int, ...], rng: np.random.Generator) -> tuple[float, bool]:
+    """One V2 binary infer: (milliseconds, failed)."""
+    body, head = v2_binary_body("x", rng.random(shape, dtype=np.float32))
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(head)}
+    started = time.perf_counter()
+    response = client.post("/v2/models/rec/infer", content=body, headers=headers)
+    return (time.perf_counter() - started) * 1000, response.status_code != 200
+
+
+def hot_latencies(url: str, stop: threading.Event, out: list[float], seconds: float | None = None) -> None:
+    rng = np.random.default_rng(0)
+    deadline = time.monotonic() + seconds if seconds else None
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            ms, failed = infer(client, HOT, rng)
+            assert not failed, "the hot shape failed"
+            out.append(ms)
+
+
+def storm(url: str, widths: list[int], results: list[tuple[float, bool]]) -> None:
+    rng = np.random.default_rng(len(widths))
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for width in widths:
+            results.append(infer(client, (1, 3, 48, width), rng))
+
+
+def metrics(url: str) -> dict[tuple[str, ...], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name in ("jitserve_compile_admissions_total", "jitserve_compiles_total"):
+                key = (sample.name, sample.labels.get("decision", ""), sample.labels.get("reason", ""))
+                found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
+def percentile(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 2)
+
+
+def run(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as data_dir:
+        process, url = start_server(
+            data_dir, tuning_enabled="false", compile_workers=1, kernel_threads=args.kernel_threads
+        )
+        try:
+            files = {
+                "model": ("rec.onnx", real_model(REC).read_bytes(), "application/octet-stream"),
+                "config": ("config.json", json.dumps(CONFIG), "application/json"),
+            }
+            httpx.put(f"{url}/models/rec", files=files, timeout=600).raise_for_status()
+            deadline = time.monotonic() + 900
+            while httpx.get(f"{url}/readyz").status_code != 200:
+                assert time.monotonic() < deadline, "the warm bucket never compiled"
+                time.sleep(1)
+            hot = httpx.get(f"{url}/models/rec").json()["buckets"][0]
+
+            before: list[float] = []
+            hot_latencies(url, threading.Event(), before, seconds=args.hot_seconds)
+            compiles_before = sum(v for k, v in metrics(url).items() if k[0] == "jitserve_compiles_total")
+
+            widths = np.random.default_rng(1).integers(48, 801, args.requests).tolist()
+            shares = [widths[i :: args.storm_clients] for i in range(args.storm_clients)]
+            outcomes: list[tuple[float, bool]] = []
+            during: list[float] = []
+            stop = threading.Event()
+            hot_thread = threading.Thread(target=hot_latencies, args=(url, stop, during))
+            storm_threads = [threading.Thread(target=storm, args=(url, share, outcomes)) for share in shares]
+            started = time.monotonic()
+            hot_thread.start()
+            for thread in storm_threads:
+                thread.start()
+            for thread in storm_threads:
+                thread.join()
+            storm_seconds = time.monotonic() - started
+            stop.set()
+            hot_thread.join()
+
+            after = metrics(url)
+            described = httpx.get(f"{url}/models/rec").json()
+        finally:
+            process.terminate()
+            process.wait(60)
+
+    decisions = {f"{k[1]}/{k[2]}": int(v) for k, v in sorted(after.items()) if k[0].endswith("admissions_total")}
+    admitted = sum(v for k, v in decisions.items() if k.startswith("admitted/") and k != "admitted/warm")
+    compiles = sum(v for k, v in after.items() if k[0] == "jitserve_compiles_total") - compiles_before
+    summary = {
+        "cpu": cpu_line(),
+        "hot_shape": "x".join(map(str, HOT)),
+        "hot_engine": hot["engine"],
+        "hot_p50_ms_before": percentile(before, 50),
+        "hot_p99_ms_before": percentile(before, 99),
+        "hot_p50_ms_during": percentile(during, 50),
+        "hot_p99_ms_during": percentile(during, 99),
+        "hot_p99_ratio": round(percentile(during, 99) / percentile(before, 99), 2),
+        "hot_requests_before": len(before),
+        "hot_requests_during": len(during),
+        "storm_requests": len(outcomes),
+        "storm_clients": args.storm_clients,
+        "kernel_threads": args.kernel_threads,
+        "storm_seconds": round(storm_seconds, 1),
+        "storm_errors": sum(failed for _, failed in outcomes),
+        "storm_p50_ms": percentile([ms for ms, _ in outcomes], 50),
+        "distinct_widths": len(set(widths)),
+        "buckets": len(described["buckets"]),
+        "compiles_admitted": admitted,
+        "compiles_run_during_storm": int(compiles),
+        "admission_decisions": decisions,
+        "compile_admission": described["compile_admission"],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "storm.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000, help="storm requests, random widths 48..800")
+    parser.add_argument("--storm-clients", type=int, default=1)
+    parser.add_argument("--hot-seconds", type=float, default=20, help="the hot shape alone, before the storm")
+    parser.add_argument(
+        "--kernel-threads", type=int, default=0, help="threads per kernel call (0: every core; 1: no straggling)"
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    print(json.dumps(run(args), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
