@@ -6,7 +6,8 @@ Starts a real jitserve on a free loopback port (fresh data dir), uploads the
 per-token MLP of ``scenario.py``, runs the locust scenario of
 ``locustfile.py`` in-process, polls ``/metrics`` every second for compiles
 and recompiles, and writes ``summary.json`` (requests/s, p50/p95/p99,
-errors, distinct shapes, buckets, compiles and recompiles during the run)
+errors, distinct shapes, buckets, compiles and recompiles during the run,
+compiles per distinct shape, mean padding waste of kernel-served requests)
 and ``latency.png`` (latency over time with compile events marked).
 """
 
@@ -108,12 +109,15 @@ def run(users: int, duration: float, out: Path) -> dict:
             elapsed = time.monotonic() - started
             compiles = _metric_total(url, "jitserve_compiles_total") - compiles_before
             recompiles = _metric_total(url, "jitserve_recompiles_total") - recompiles_before
+            waste = _metric_total(url, "jitserve_padding_waste_ratio_sum")
+            padded_requests = _metric_total(url, "jitserve_padding_waste_ratio_count")
             buckets = json.loads(urllib.request.urlopen(f"{url}/models/{MODEL}", timeout=10).read())["buckets"]
         finally:
             process.terminate()
             process.wait(60)
 
     latencies = np.array([ms for _, ms, _, _ in samples])
+    distinct_shapes = len({name for _, _, name, _ in samples})
     summary = {
         "duration_seconds": round(elapsed, 1),
         "users": users,
@@ -123,13 +127,16 @@ def run(users: int, duration: float, out: Path) -> dict:
         "p95_ms": round(float(np.percentile(latencies, 95)), 2),
         "p99_ms": round(float(np.percentile(latencies, 99)), 2),
         "errors": sum(failed for *_, failed in samples),
-        "distinct_shapes": len({name for _, _, name, _ in samples}),
+        "distinct_shapes": distinct_shapes,
         "buckets": len(buckets),
         "buckets_by_engine": {
             engine: sum(b["engine"] == engine for b in buckets) for engine in sorted({b["engine"] for b in buckets})
         },
         "compiles": int(compiles),
         "recompiles": int(recompiles),
+        "compiles_per_distinct_shape": round(compiles / max(1, distinct_shapes), 4),
+        "kernel_served_requests": int(padded_requests),
+        "mean_padding_waste": round(waste / padded_requests, 4) if padded_requests else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(samples, compile_counts, started, out / "latency.png", summary)

@@ -27,6 +27,10 @@ def test_short_load_run_writes_summary_and_plot(tmp_path):
     # Many shapes, few buckets: pow2 on both axes folds them together.
     assert 1 <= summary["buckets"] < summary["distinct_shapes"]
     assert summary["compiles"] >= 1
+    assert summary["compiles_per_distinct_shape"] == round(summary["compiles"] / summary["distinct_shapes"], 4)
+    assert summary["compiles_per_distinct_shape"] < 1
+    if summary["kernel_served_requests"]:
+        assert 0 <= summary["mean_padding_waste"] < 1
     assert summary["p50_ms"] <= summary["p95_ms"] <= summary["p99_ms"]
     png = (tmp_path / "latency.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
