@@ -55,7 +55,7 @@ def measure(model_path: Path, inputs: dict[str, np.ndarray], config: dict, runs:
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:
                     states = [b["state"] for b in client.get("/models/m").json()["buckets"]]
-                    if all(s in ("ready", "failed", "new") for s in states) and client.get("/readyz").is_success:
+                    if all(s in ("ready", "failed", "cold") for s in states) and client.get("/readyz").is_success:
                         break
                     time.sleep(0.5)
                 engine = OrtEngine(data)
