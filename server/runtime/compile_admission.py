@@ -90,9 +90,9 @@ class CompileAdmission:
         """The model's admission facts for ``GET /models/{name}``."""
         now = time.monotonic()
         with self._lock:
-            new_buckets = self._recent(served.new_buckets, now)
+            new_buckets, storm = self._storm(served, now)
             return {
-                "storm": new_buckets > self.settings.storm_new_buckets,
+                "storm": storm,
                 "new_buckets_in_window": new_buckets,
                 "compiled_buckets": len(self._holding_slots(served)),
                 "max_compiled_buckets": self.settings.max_compiled_buckets,
@@ -113,9 +113,7 @@ class CompileAdmission:
                 "below_threshold",
                 (f"cold: fewer than {s.compile_min_hits} requests within {self.window:g} s"),
             )
-        new_buckets = self._recent(served.new_buckets, now)
-        storm = new_buckets > s.storm_new_buckets
-        self.metrics.set_shape_storm(model=served.name, storm=storm)
+        new_buckets, storm = self._storm(served, now)
         if storm and not remembered:
             return (
                 "refused",
@@ -157,9 +155,23 @@ class CompileAdmission:
 
     # -- counting ----------------------------------------------------------
 
+    def refresh_storm_gauges(self, models: list[ServedModel]) -> None:
+        """A storm ends with time alone: the gauge is set from the window at each scrape."""
+        now = time.monotonic()
+        with self._lock:
+            for served in models:
+                self._storm(served, now)
+
+    def _storm(self, served: ServedModel, now: float) -> tuple[int, bool]:
+        """(new buckets within the window, whether that makes a storm); keeps the gauge true."""
+        new_buckets = self._recent(served.new_buckets, now)
+        storm = new_buckets > self.settings.storm_new_buckets
+        self.metrics.set_shape_storm(model=served.name, storm=storm)
+        return new_buckets, storm
+
     def _note_new_bucket(self, served: ServedModel, now: float) -> None:
         served.new_buckets.append(now)
-        self._recent(served.new_buckets, now)
+        self._recent(served.new_buckets, now)  # trimmed as it grows: a storm's times never pile up
 
     def _recent(self, times: deque[float], now: float) -> int:
         """Drop the times older than the window; count the rest."""

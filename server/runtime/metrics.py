@@ -9,6 +9,8 @@ and reasons are small fixed sets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -33,6 +35,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._before_scrape: list[Callable[[], None]] = []
         r = self.registry
         self.compiles = Counter(
             "jitserve_compiles_total",
@@ -200,5 +203,11 @@ class Metrics:
         for seconds in waits:
             delay.observe(seconds)
 
+    def before_scrape(self, refresh: Callable[[], None]) -> None:
+        """Call ``refresh`` before every exposition: for gauges whose truth changes with time alone."""
+        self._before_scrape.append(refresh)
+
     def exposition(self) -> bytes:
+        for refresh in self._before_scrape:
+            refresh()
         return generate_latest(self.registry)

@@ -68,6 +68,7 @@ class ModelService:
             settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
         )
         self.compile_admission = CompileAdmission(settings, metrics, self.scheduler, self.router, self.artifacts)
+        metrics.before_scrape(lambda: self.compile_admission.refresh_storm_gauges(self.registry.all()))
         self.inference = Inference(
             self.registry,
             self.kernels,

@@ -170,3 +170,19 @@ def test_warm_buckets_skip_admission(tmp_path, compiler):
         assert bucket.warm and bucket.state is BucketState.READY
     finally:
         service.close()
+
+
+def test_the_storm_gauge_falls_when_the_window_passes(start, compiler):
+    service = start(compile_min_hits=1, storm_new_buckets=2, compile_hit_window_seconds=0.3)
+    for n in (1, 2, 3, 4):
+        hit(service, n)
+    assert service.describe("m")["compile_admission"]["storm"] is True
+
+    def gauge() -> float | None:
+        text = service.metrics.exposition().decode()
+        line = next(line for line in text.splitlines() if line.startswith('jitserve_shape_storm{model="m"}'))
+        return float(line.split()[-1])
+
+    assert gauge() == 1
+    time.sleep(0.4)  # no request since: only the window moved
+    assert gauge() == 0
