@@ -66,6 +66,15 @@ class CompileAdmission:
     def record_hit(self, bucket: ServedBucket) -> None:
         bucket.record_hit(window=self.window)
 
+    def established(self, bucket: ServedBucket | None) -> bool:
+        """Traffic that has earned its place: a warm bucket, one past ``cold``, or one with the hits a
+        compile needs within the window (a storm may still refuse it the compile). None: a new shape."""
+        if bucket is None:
+            return False
+        if bucket.warm or bucket.state is not BucketState.COLD:
+            return True
+        return bucket.hits_within(self.window, time.monotonic(), self.settings.compile_min_hits)
+
     def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
         if not self.scheduler.enabled or served.retired:

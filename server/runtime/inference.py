@@ -2,15 +2,19 @@
 (pad, run, cut back) or ONNX Runtime, and account for every request.
 
 A request is prepared (parsed and planned) where it arrives, then run in
-one of three places: its model's dynamic batcher when it has one; the event
+one of four places: its model's dynamic batcher when it has one; the event
 loop itself when its bucket's runs are measured to cost less than a hop to a
-thread; else a bounded thread pool, past whose queue requests answer 503.
+thread; the cold lane (threads of idle priority) when its shape is new (its bucket has not earned
+a compile), so that a storm of new shapes cannot slow established traffic;
+else the inference threads. Both pools share one bounded queue, past which
+requests answer 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -96,26 +100,42 @@ class Inference:
         queue_size: int,
         inline_max_ms: float,
         admission: CompileAdmission,
+        cold_lane: bool = False,
     ) -> None:
-        """``admission`` counts every bucket's hits and is asked about every request to a cold bucket."""
+        """``admission`` counts every bucket's hits, is asked about every request to a cold bucket and
+        tells new shapes from established ones, which ``cold_lane`` runs at idle priority."""
         self.registry = registry
         self.kernels = kernels
         self.metrics = metrics
         self.inline_max_ms = inline_max_ms
         self.admission = admission
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, "jitserve-infer")
+        self.cold_pool = (
+            concurrent.futures.ThreadPoolExecutor(threads, "jitserve-cold", initializer=idle_thread_priority)
+            if cold_lane
+            else None
+        )
         self._slots = threading.BoundedSemaphore(threads + queue_size)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.pool, self.cold_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     # -- where a request runs --------------------------------------------
 
-    async def offload(self, function: Callable[..., T], *args: Any, model: str | None = None) -> T:
-        """``function(*args)`` on the bounded inference pool; 503 (counted for ``model``) when it is full."""
+    async def offload(
+        self,
+        function: Callable[..., T],
+        *args: Any,
+        model: str | None = None,
+        pool: concurrent.futures.Executor | None = None,
+    ) -> T:
+        """``function(*args)`` on the inference threads (or ``pool``); 503 (counted for ``model``) when the
+        bounded queue is full."""
         self._take_slot(model)
         try:
-            future = self.pool.submit(function, *args)
+            future = (pool or self.pool).submit(function, *args)
         except RuntimeError:
             self._slots.release()
             raise UnavailableError("server is shutting down") from None
@@ -136,7 +156,17 @@ class Inference:
             return await asyncio.wrap_future(future)
         if job.plan is not None and (bucket := self._cheap_bucket(job.served, job.plan)) is not None:
             return self.execute(job, bucket)
-        return await self.offload(self.execute, job, model=job.served.name)
+        return await self.offload(self.execute, job, model=job.served.name, pool=self._pool_for(job))
+
+    def _pool_for(self, job: Job) -> concurrent.futures.Executor:
+        """The cold lane (idle priority) for a new shape (a bucket that has not earned a compile), else the inference
+        threads."""
+        if self.cold_pool is None or job.plan is None:
+            return self.pool
+        if self.admission.established(job.served.find_bucket(job.plan.bucket)):
+            return self.pool
+        self.metrics.record_cold_lane(model=job.served.name)
+        return self.cold_pool
 
     def _take_slot(self, model: str | None) -> None:
         if not self._slots.acquire(blocking=False):
@@ -255,6 +285,12 @@ class Inference:
             engine = self.kernels.load(key, served.model.signature, served.target)
             self.metrics.record_reload(model=served.name)
         return engine
+
+
+def idle_thread_priority() -> None:
+    """Put the calling thread in Linux's idle scheduling class: any runnable thread of normal priority
+    preempts it at once (niceness only lowers its share, and its slice still delays a kernel's workers)."""
+    os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
 
 
 def _join(jobs: list[Job], pad_values: dict[str, float]) -> dict[str, np.ndarray]:

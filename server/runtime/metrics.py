@@ -92,6 +92,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.cold_lane_requests = Counter(
+            "jitserve_cold_lane_requests_total",
+            "Requests to new shapes (buckets that have not earned a compile) run on the idle-priority cold lane.",
+            ["model"],
+            registry=r,
+        )
         self.compile_stage_seconds = Counter(
             "jitserve_compile_stage_seconds_total",
             "Seconds spent in each stage of kernel compiles (simplify, import, ..., export, verify).",
@@ -163,6 +169,9 @@ class Metrics:
 
     def set_shape_storm(self, *, model: str, storm: bool) -> None:
         self.shape_storm.labels(model).set(1 if storm else 0)
+
+    def record_cold_lane(self, *, model: str) -> None:
+        self.cold_lane_requests.labels(model).inc()
 
     def record_recompile(self, *, model: str, reason: str) -> None:
         self.recompiles.labels(model, reason).inc()

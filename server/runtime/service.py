@@ -77,6 +77,7 @@ class ModelService:
             queue_size=settings.inference_queue_size,
             inline_max_ms=settings.inline_max_ms,
             admission=self.compile_admission,
+            cold_lane=settings.cold_lane,
         )
         self.admission = Admission(
             settings,
