@@ -1,9 +1,13 @@
 """Compile admission against a real server with real (small) compiles: a
-bucket compiles once it earns it, compile children run below serving, a
-shape storm is served by ONNX Runtime without a compile, and every decision
-shows in ``GET /models/{name}`` and ``/metrics``."""
+bucket compiles once it earns it, compile children run below serving, new
+shapes run on the idle-priority cold lane, a shape storm is served by ONNX
+Runtime without a compile, and every decision shows in ``GET /models/{name}``
+and ``/metrics``."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -46,6 +50,18 @@ def compile_children_niceness(server: ServerProcess) -> set[int]:
     return found
 
 
+def thread_policies(pid: int) -> set[int]:
+    """The scheduling policy of each of the process's threads (``/proc``'s stat, field 41)."""
+    policies = set()
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended
+            continue
+        policies.add(int(fields[41 - 3]))  # fields after the name start at field 3
+    return policies
+
+
 def test_admission_threshold_priority_and_storm(tmp_path):
     server = ServerProcess(
         tmp_path / "data",
@@ -54,11 +70,14 @@ def test_admission_threshold_priority_and_storm(tmp_path):
         tuning_enabled=False,
         compile_nice=12,
         routing="compiled",
+        inline_max_ms=0,  # every run on a pool: the cold lane's count below is exact
     ).start()
     try:
         with server.client() as client:
             assert upload(client, "m", DEMO, EXACT).status_code == 201
+            assert os.SCHED_IDLE not in thread_policies(server.process.pid)
             assert predict(client, 1)["engine"] == "onnxruntime"
+            assert os.SCHED_IDLE in thread_policies(server.process.pid)  # the cold lane ran it
             first = buckets(client)["x=1x4"]
             assert (first["state"], first["reason"]) == ("cold", "cold: fewer than 2 requests within 60 s")
             predict(client, 1)  # earns its compile
@@ -82,6 +101,8 @@ def test_admission_threshold_priority_and_storm(tmp_path):
             assert metric_value(metrics, "jitserve_compile_admissions_total", model="m", reason="storm") >= 5
             assert metric_value(metrics, "jitserve_compile_admissions_total", decision="deferred") == 8
             assert metric_value(metrics, "jitserve_shape_storm", model="m") == 1
+            # x=1x4 twice before its compile, each storm shape twice: all new, all on the cold lane
+            assert metric_value(metrics, "jitserve_cold_lane_requests_total", model="m") == 2 + 7 * 2
             compiled = metric_value(metrics, "jitserve_compiles_total", model="m")
             assert compiled <= 3
             assert predict(client, 1)["engine"] == "tvm"  # the hot bucket keeps its kernel through the storm
