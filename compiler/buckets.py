@@ -2,7 +2,8 @@
 
 A request shape maps to one bucket shape. Only axes whose padding-safety
 check passed are padded (see :mod:`compiler.padding`); every other symbolic
-axis is served exactly.
+axis is served exactly, one bucket per size, except a ``dynamic`` one: within
+its range the bucket keeps the axis's name, one symbolic kernel for every size.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from .signature import Signature
 if TYPE_CHECKING:
     from .engines import Engine
 
-Bucket = dict[str, tuple[int, ...]]
+Bucket = dict[str, tuple[int | str, ...]]
+"""Input name -> bucket shape; a dim given as a name stays symbolic (a ``dynamic`` axis)."""
 
 
 class AxisPolicy(BaseModel):
     """How one symbolic axis maps request sizes to bucket sizes."""
 
-    kind: Literal["pow2", "list", "exact"] = "pow2"
-    min: int = Field(1, ge=1, description="pow2: smallest bucket size")
-    max: int = Field(64, ge=1, description="pow2: largest bucket size")
+    kind: Literal["pow2", "list", "exact", "dynamic"] = "pow2"
+    min: int = Field(1, ge=1, description="pow2: smallest bucket size; dynamic: smallest size of the symbolic kernel")
+    max: int = Field(64, ge=1, description="pow2: largest bucket size; dynamic: largest size of the symbolic kernel")
     sizes: list[int] = Field(default_factory=list, description="list: the bucket sizes")
     approximate: float | None = Field(
         None,
@@ -39,24 +41,30 @@ class AxisPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> AxisPolicy:
-        if self.approximate is not None and self.kind == "exact":
-            raise ValueError("an 'exact' policy never pads: 'approximate' needs 'pow2' or 'list'")
+        if self.approximate is not None and self.kind in ("exact", "dynamic"):
+            raise ValueError(f"an {self.kind!r} policy never pads: 'approximate' needs 'pow2' or 'list'")
         if self.kind == "list":
             if not self.sizes or any(s < 1 for s in self.sizes):
                 raise ValueError("a 'list' policy needs positive sizes")
             self.sizes = sorted(set(self.sizes))
-        if self.kind == "pow2" and self.min > self.max:
-            raise ValueError("pow2 policy has min > max")
+        if self.kind in ("pow2", "dynamic") and self.min > self.max:
+            raise ValueError(f"{self.kind} policy has min > max")
         return self
+
+    def symbolic(self, size: int) -> bool:
+        """A ``dynamic`` axis's size within its range: served by the one symbolic kernel, not a bucket of
+        its own (sizes outside it are served exactly: the kernel is verified only at the range's ends and
+        middle)."""
+        return self.kind == "dynamic" and self.min <= size <= self.max
 
     @property
     def largest(self) -> int | None:
-        """The largest bucket size; None for ``exact`` (unbounded)."""
+        """The largest bucket size; None for ``exact`` and ``dynamic`` (unbounded)."""
         return {"pow2": self.max, "list": self.sizes[-1] if self.sizes else None}.get(self.kind)
 
     def bucket_size(self, size: int) -> int | None:
         """The bucket for a request size, or None when beyond the largest bucket."""
-        if self.kind == "exact":
+        if self.kind in ("exact", "dynamic"):
             return size
         if self.kind == "list":
             return next((s for s in self.sizes if s >= size), None)
@@ -86,21 +94,35 @@ def bucket_label(bucket: Bucket) -> str:
     return ",".join(f"{name}={'x'.join(map(str, shape)) or 'scalar'}" for name, shape in sorted(bucket.items()))
 
 
+def is_symbolic(bucket: Bucket) -> bool:
+    """A bucket of the dynamic-shape tier: some dim is an axis's name."""
+    return any(isinstance(d, str) for shape in bucket.values() for d in shape)
+
+
 @dataclass(frozen=True)
 class BucketPlan:
     request: Bucket
     bucket: Bucket
     request_axes: dict[str, int]
-    bucket_axes: dict[str, int]
+    bucket_axes: dict[str, int | str]
+    """Axis -> bucket size, or the axis's own name where the bucket keeps it symbolic."""
 
     @property
     def padded_axes(self) -> dict[str, int]:
         """Axis -> request size, for every axis the bucket pads."""
-        return {a: n for a, n in self.request_axes.items() if self.bucket_axes[a] != n}
+        return {a: n for a, n in self.request_axes.items() if self.bucket_axes[a] not in (n, a)}
+
+    @property
+    def run_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shapes the bucket's kernel runs at: the bucket, with the request's sizes for its symbolic dims."""
+        return {
+            name: tuple(self.request_axes[d] if isinstance(d, str) else d for d in shape)
+            for name, shape in self.bucket.items()
+        }
 
     def padding_waste(self) -> float:
         """Padded elements / bucket elements, over all inputs."""
-        bucket_elems = sum(int(np.prod(s)) for s in self.bucket.values())
+        bucket_elems = sum(int(np.prod(s)) for s in self.run_shapes.values())
         request_elems = sum(int(np.prod(s)) for s in self.request.values())
         return 0.0 if bucket_elems == 0 else (bucket_elems - request_elems) / bucket_elems
 
@@ -121,8 +143,10 @@ class BucketPlanner:
         self.overflow = overflow
 
     def effective_policy(self, axis: str) -> AxisPolicy:
-        """An axis pads only with a policy *and* a passed safety check."""
+        """An axis pads only with a policy *and* a passed safety check; a dynamic one never pads."""
         policy = self.policies.get(axis)
+        if policy is not None and policy.kind == "dynamic":
+            return policy
         check = self.safety.get(axis)
         if policy is None or check is None or not check.safe:
             return AxisPolicy(kind="exact")
@@ -153,9 +177,13 @@ class BucketPlanner:
         if unknown:
             raise BadRequestError(f"unknown input {sorted(unknown)[0]!r}; the model takes {self.signature.input_names}")
 
-        bucket_axes = {}
+        bucket_axes: dict[str, int | str] = {}
         for axis, size in axis_sizes.items():
-            bucket = self.effective_policy(axis).bucket_size(size)
+            policy = self.effective_policy(axis)
+            if policy.symbolic(size):
+                bucket_axes[axis] = axis
+                continue
+            bucket = policy.bucket_size(size)
             if bucket is None:
                 if self.overflow == "error":
                     raise ShapeOutOfRangeError(
@@ -189,12 +217,22 @@ class BucketPlanner:
         ]
         return min(tolerances) if tolerances else None
 
+    def verify_sizes(self, bucket: Bucket) -> dict[str, list[int]]:
+        """For each symbolic dim of the bucket, the sizes its kernel is verified at: the ends and middle of
+        its range."""
+        names = {d for shape in bucket.values() for d in shape if isinstance(d, str)}
+        policies = {name: self.effective_policy(name) for name in names}
+        return {name: sorted({p.min, (p.min + p.max + 1) // 2, p.max}) for name, p in policies.items()}
+
     def _request_within(self, bucket: Bucket, pick) -> Bucket:
         sizes: dict[str, int] = {}
         for spec in self.signature.inputs:
             for index, axis in spec.symbolic_axes():
                 size = bucket[spec.name][index]
                 policy = self.effective_policy(axis)
+                if isinstance(size, str):  # symbolic: no padding, a size from its range
+                    sizes[axis] = pick(policy.min, policy.max)
+                    continue
                 lowest = size
                 while lowest > 1 and size - lowest < 4096 and policy.bucket_size(lowest - 1) == size:
                     lowest -= 1
@@ -216,7 +254,7 @@ class BucketPlanner:
     def pad(
         self, inputs: dict[str, np.ndarray], plan: BucketPlan, pad_values: dict[str, float] | None = None
     ) -> dict[str, np.ndarray]:
-        return pad_inputs(inputs, plan.bucket, pad_values)
+        return pad_inputs(inputs, plan.run_shapes, pad_values)
 
     def unpad(self, outputs: dict[str, np.ndarray], plan: BucketPlan) -> dict[str, np.ndarray]:
         cut = dict(outputs)
@@ -231,9 +269,9 @@ class BucketPlanner:
 
 
 def pad_inputs(
-    inputs: dict[str, np.ndarray], bucket: Bucket, pad_values: dict[str, float] | None = None
+    inputs: dict[str, np.ndarray], bucket: dict[str, tuple[int, ...]], pad_values: dict[str, float] | None = None
 ) -> dict[str, np.ndarray]:
-    """Pad each input at the end of every axis up to the bucket shape."""
+    """Pad each input at the end of every axis up to the bucket shape (sizes only: see ``run_shapes``)."""
     padded = {}
     for name, array in inputs.items():
         target = bucket[name]

@@ -148,6 +148,10 @@ def probe_padding(
             if policy.kind == "exact":
                 results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
                 continue
+            if policy.kind == "dynamic":
+                reason = f"policy is dynamic: never padded; one symbolic kernel serves {policy.min}..{policy.max}"
+                results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
+                continue
             candidates = [sizes[axis]]
             if axis not in configured:
                 candidates += [s for s in FALLBACK_PROBE_SIZES if s != sizes[axis]]

@@ -18,7 +18,9 @@ class ErrorBody(BaseModel):
 
 class Bucket(BaseModel):
     bucket: str = Field(description="canonical label, e.g. x=8x3x48x192")
-    shapes: dict[str, list[int]] = Field(description="the bucket's shape per input")
+    shapes: dict[str, list[int | str]] = Field(
+        description="the bucket's shape per input; a dynamic axis's name where one symbolic kernel serves its range"
+    )
     state: BucketState
     reason: str | None = Field(
         description="why it is in its state: why a cold bucket is not compiled yet, why a compile failed"

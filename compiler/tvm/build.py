@@ -16,16 +16,12 @@ import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
 from ..arrays import compare_outputs, random_inputs
+from ..buckets import is_symbolic
 from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
 from ..options import BuildJob
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
-
-
-def is_symbolic(bucket: dict[str, tuple]) -> bool:
-    """A bucket with a named dim (a string) is the dynamic-shape tier: one kernel for every size of it."""
-    return any(isinstance(d, str) for shape in bucket.values() for d in shape)
 
 
 def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple]) -> onnx.ModelProto:

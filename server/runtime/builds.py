@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from compiler.buckets import is_symbolic
 from compiler.build import CompileOutcome, compile_bucket
 from compiler.errors import JitServeError
 from compiler.options import CompileOptions
@@ -57,6 +58,8 @@ class BucketBuilder:
         """Compile (or find) the tier, record its compile metrics, and check that it verified."""
         name, kind, tier = served.name, target_kind(served.target), options.tier
         started = time.perf_counter()
+        if is_symbolic(bucket.bucket):  # the dynamic-shape tier: verified at the ends and middle of each range
+            extra["verify_sizes"] = served.planner.verify_sizes(bucket.bucket)
         try:
             artifacts = self.kernels.artifacts
             outcome = self._compile(served.model, bucket.bucket, served.target, artifacts, options, **extra)

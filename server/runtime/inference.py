@@ -78,7 +78,7 @@ class Job:
     def group(self) -> tuple:
         """Jobs of one group may be joined along the batch axis: same bucket on every other axis."""
         assert self.plan is not None
-        return tuple(sorted((name, shape[1:]) for name, shape in self.plan.bucket.items()))
+        return tuple(sorted((name, shape[1:]) for name, shape in self.plan.run_shapes.items()))
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,7 @@ def _join(jobs: list[Job], pad_values: dict[str, float]) -> dict[str, np.ndarray
     parts: dict[str, list[np.ndarray]] = {}
     for job in jobs:
         assert job.plan is not None
-        target = {name: (job.rows, *shape[1:]) for name, shape in job.plan.bucket.items()}
+        target = {name: (job.rows, *shape[1:]) for name, shape in job.plan.run_shapes.items()}
         for name, array in pad_inputs(job.arrays, target, pad_values).items():
             parts.setdefault(name, []).append(array)
     return {name: np.concatenate(arrays) for name, arrays in parts.items()}

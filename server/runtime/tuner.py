@@ -7,6 +7,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from compiler.buckets import is_symbolic
+
 from ..settings import Settings
 from .registry import ServedModel
 from .state import BucketState, ServedBucket, TuningState, TuningStatus
@@ -35,14 +37,18 @@ class BackgroundTuner:
         self._stop.set()
 
     def candidates(self) -> list[tuple[ServedModel, ServedBucket]]:
-        """Qualifying buckets, busiest first: ready, untuned, enough hits, top N of their model."""
+        """Qualifying buckets, busiest first: ready, untuned, enough hits, top N of their model. Symbolic
+        buckets are not tuned: MetaSchedule tunes static shapes only."""
         s = self.settings
         found = []
         for served in self._served_models():
             ready = [
                 bucket
                 for bucket in served.all_buckets()
-                if bucket.state is BucketState.READY and bucket.tuning is None and bucket.hits >= s.tune_min_hits
+                if bucket.state is BucketState.READY
+                and bucket.tuning is None
+                and bucket.hits >= s.tune_min_hits
+                and not is_symbolic(bucket.bucket)
             ]
             ready.sort(key=lambda bucket: bucket.hits, reverse=True)
             found += [(served, bucket) for bucket in ready[: s.tune_top_buckets]]

@@ -246,3 +246,54 @@ def test_typical_request_is_halfway_into_each_padded_axis(two_input_signature):
     assert listed.typical_request({"a": (100, 8), "b": (100, 8)})["a"] == (53, 8)
     exact = BucketPlanner(two_input_signature)
     assert exact.typical_request({"a": (6, 8), "b": (6, 8)}) == {"a": (6, 8), "b": (6, 8)}
+
+
+# --- the dynamic-shape tier ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batch_width_planner() -> BucketPlanner:
+    """``x[batch, 3, W]``: batch padded to powers of two, W dynamic within 8..256."""
+    signature = read_signature(onnx.load_from_string(synthetic.relu_model(["batch", 3, "W"])))
+    policies = {"batch": AxisPolicy(kind="pow2", max=8), "W": AxisPolicy(kind="dynamic", min=8, max=256)}
+    safety = {"batch": AxisSafety(axis="batch", safe=True, reason="test", output_axes={"y": [0]})}
+    return BucketPlanner(signature, policies, safety)
+
+
+def test_a_dynamic_axis_keeps_its_name_within_its_range(batch_width_planner):
+    plan = batch_width_planner.plan({"x": (3, 3, 100)})
+    assert plan.bucket == {"x": (4, 3, "W")}
+    assert bucket_label(plan.bucket) == "x=4x3xW"
+    assert plan.run_shapes == {"x": (4, 3, 100)}
+    assert plan.padded_axes == {"batch": 3}  # W is never padded
+    assert plan.padding_waste() == pytest.approx(1 / 4)
+    assert batch_width_planner.plan({"x": (4, 3, 8)}).bucket == plan.bucket == batch_width_planner.plan(
+        {"x": (3, 3, 256)}
+    ).bucket
+
+
+@pytest.mark.parametrize("width", [7, 257, 1000])
+def test_a_dynamic_axis_outside_its_range_is_served_exactly(batch_width_planner, width):
+    assert batch_width_planner.plan({"x": (1, 3, width)}).bucket == {"x": (1, 3, width)}
+
+
+def test_a_dynamic_bucket_pads_only_its_padded_axes(batch_width_planner):
+    x = np.arange(2 * 3 * 10, dtype=np.float32).reshape(2, 3, 10)
+    plan = batch_width_planner.plan({"x": x.shape})
+    padded = batch_width_planner.pad({"x": x}, plan)["x"]
+    assert padded.shape == (2, 3, 10)
+    plan = batch_width_planner.plan({"x": (3, 3, 10)})
+    assert batch_width_planner.pad({"x": np.ones((3, 3, 10), np.float32)}, plan)["x"].shape == (4, 3, 10)
+
+
+def test_a_dynamic_bucket_is_verified_and_timed_within_its_range(batch_width_planner):
+    bucket = {"x": (4, 3, "W")}
+    assert batch_width_planner.verify_sizes(bucket) == {"W": [8, 132, 256]}
+    assert batch_width_planner.typical_request(bucket) == {"x": (4, 3, 132)}
+    assert batch_width_planner.most_padded_request(bucket) == {"x": (3, 3, 8)}
+
+
+@pytest.mark.parametrize("fields", [{"min": 64, "max": 8}, {"approximate": 0.1}])
+def test_bad_dynamic_policies_are_rejected(fields):
+    with pytest.raises(ValidationError):
+        AxisPolicy(kind="dynamic", **fields)
