@@ -68,14 +68,24 @@ def artifact_key(
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _pid_alive(pid: int) -> bool:
+def process_token(pid: int) -> str:
+    """``pid-starttime``: names one process for good. A pid alone comes back after a restart (in a
+    container the server is pid 1 every time), and its staging would never be swept."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        started = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return f"{pid}-0"
+    return f"{pid}-{started}"
+
+
+def _owner_alive(token: str) -> bool:
+    """Whether the process a staging entry names still runs (the very same process, not its pid reused)."""
+    pid_text, _, started = token.partition("-")
+    try:
+        pid = int(pid_text)
+    except ValueError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return pid > 0 and Path(f"/proc/{pid}").exists() and process_token(pid) == f"{pid}-{started}"
 
 
 class ArtifactStore:
@@ -85,16 +95,14 @@ class ArtifactStore:
         self.staging_root = self.root / "staging"
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.staging_root.mkdir(parents=True, exist_ok=True)
+        self._token = process_token(os.getpid())
         self._sweep_staging()
 
     def _sweep_staging(self) -> None:
         """Remove staging dirs left by processes that died mid-compile."""
         for entry in self.staging_root.iterdir():
-            try:
-                pid = int(entry.name.split(".")[1])
-            except (IndexError, ValueError):
-                pid = -1
-            if pid <= 0 or not _pid_alive(pid):
+            parts = entry.name.split(".")
+            if len(parts) < 3 or not _owner_alive(parts[1]):
                 shutil.rmtree(entry, ignore_errors=True)
 
     def path(self, key: str) -> Path:
@@ -123,7 +131,7 @@ class ArtifactStore:
     @contextmanager
     def staging(self, key: str) -> Iterator[Path]:
         """A private directory to build into; removed unless committed."""
-        directory = self.staging_root / f"{key[:16]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        directory = self.staging_root / f"{key[:16]}.{self._token}.{uuid.uuid4().hex[:8]}"
         directory.mkdir()
         try:
             yield directory
@@ -160,7 +168,7 @@ class ArtifactStore:
         if not directory.exists():
             return False
         # Rename first so readers never see a half-deleted artifact.
-        doomed = self.staging_root / f"deleted.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        doomed = self.staging_root / f"deleted.{self._token}.{uuid.uuid4().hex[:8]}"
         os.rename(directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
         return True

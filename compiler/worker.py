@@ -4,6 +4,7 @@ that one call and never its caller."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -18,7 +19,20 @@ from .errors import CompileCrashedError, CompileError, CompileTimeoutError, JitS
 _CONTEXT = multiprocessing.get_context("spawn")
 
 
-def _child_main(function: Callable[[Any], Any], argument: Any, connection) -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have Linux kill this process when its parent dies, even by SIGKILL (no cleanup runs there); exit
+    now if the parent died before this was set."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child_main(function: Callable[[Any], Any], argument: Any, connection, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     try:
         result = function(argument)
     except JitServeError as exc:
@@ -56,9 +70,10 @@ def run_in_child(
     (or CompileError) when it raised.
     """
     receiver, sender = _CONTEXT.Pipe(duplex=False)
-    # daemon: a compile never outlives the process that asked for it.
+    # A compile never outlives the process that asked for it: daemon for a clean exit, the parent-death
+    # signal for a killed one.
     process = _CONTEXT.Process(
-        target=_child_main, args=(function, argument, sender), name=f"jitserve-{what}", daemon=True
+        target=_child_main, args=(function, argument, sender, os.getpid()), name=f"jitserve-{what}", daemon=True
     )
     process.start()
     if nice:  # at once, not only when the child gets to it: its imports run below serving too

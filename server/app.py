@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -73,8 +74,14 @@ def error_response(exc: Exception) -> JSONResponse:
         return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=400)
     if isinstance(exc, HTTPException):
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
-    log.exception("unhandled error", exc_info=exc)
-    return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+    # A server bug: the id ties the client's answer to the traceback in the log.
+    request_id = uuid.uuid4().hex[:16]
+    log.error("unhandled error (request id %s)", request_id, exc_info=exc)
+    return JSONResponse(
+        {"error": f"internal error: {type(exc).__name__} (request id {request_id})"},
+        status_code=500,
+        headers={"X-Request-Id": request_id},
+    )
 
 
 def _document_errors_as_they_are(app: FastAPI) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
@@ -98,6 +99,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and the rest, of the server itself
+        self.children_memory = Gauge(
+            "jitserve_children_resident_memory_bytes",
+            "Resident memory of the server's child processes (compiles and tuning), summed.",
+            registry=r,
+        )
+        self.before_scrape(self._refresh_children_memory)
         self.compile_stage_seconds = Counter(
             "jitserve_compile_stage_seconds_total",
             "Seconds spent in each stage of kernel compiles (simplify, import, ..., export, verify).",
@@ -215,6 +223,15 @@ class Metrics:
     def before_scrape(self, refresh: Callable[[], None]) -> None:
         """Call ``refresh`` before every exposition: for gauges whose truth changes with time alone."""
         self._before_scrape.append(refresh)
+
+    def _refresh_children_memory(self) -> None:
+        total = 0
+        for child in psutil.Process().children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:  # ended meanwhile
+                pass
+        self.children_memory.set(total)
 
     def exposition(self) -> bytes:
         for refresh in self._before_scrape:

@@ -26,14 +26,21 @@ from .state import TuningStatus
 
 log = logging.getLogger("jitserve")
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+"""A letter or digit first: names with a leading dot are the store's own (``.staging``) and hidden."""
+RESERVED_NAMES = re.compile(r"^(con|prn|aux|nul|com[0-9]|lpt[0-9])(\..*)?$", re.IGNORECASE)
+"""Device names that no copy of the store on another file system could hold."""
 MODEL_FILE = "model.onnx"
 RECORD_FILE = "record.json"
 
 
 def check_model_name(name: str) -> str:
-    if not MODEL_NAME.match(name) or name in {".", ".."}:
-        raise BadRequestError(f"invalid model name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+    if not MODEL_NAME.match(name):
+        raise BadRequestError(
+            f"invalid model name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit"
+        )
+    if RESERVED_NAMES.match(name):
+        raise BadRequestError(f"invalid model name {name!r}: a reserved device name")
     return name
 
 

@@ -267,9 +267,11 @@ def test_a_dynamic_axis_keeps_its_name_within_its_range(batch_width_planner):
     assert plan.run_shapes == {"x": (4, 3, 100)}
     assert plan.padded_axes == {"batch": 3}  # W is never padded
     assert plan.padding_waste() == pytest.approx(1 / 4)
-    assert batch_width_planner.plan({"x": (4, 3, 8)}).bucket == plan.bucket == batch_width_planner.plan(
-        {"x": (3, 3, 256)}
-    ).bucket
+    assert (
+        batch_width_planner.plan({"x": (4, 3, 8)}).bucket
+        == plan.bucket
+        == batch_width_planner.plan({"x": (3, 3, 256)}).bucket
+    )
 
 
 @pytest.mark.parametrize("width", [7, 257, 1000])

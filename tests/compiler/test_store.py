@@ -18,6 +18,7 @@ from compiler.store import (
     ArtifactStore,
     Manifest,
     artifact_key,
+    process_token,
     tvm_version,
 )
 
@@ -132,7 +133,7 @@ def test_commit_is_atomic_and_get_returns_the_manifest(tmp_path):
     key = artifact_key(*KEY_ARGS)
     with store.staging(key) as staging:
         assert staging.parent == store.staging_root
-        assert staging.name.split(".")[1] == str(os.getpid())
+        assert staging.name.split(".")[1] == process_token(os.getpid())
         (staging / LIBRARY_NAME).write_bytes(b"dummy")
         assert store.get(key) is None
         committed = store.commit(staging, _manifest(key))
@@ -191,11 +192,13 @@ def test_directory_with_a_broken_manifest_is_not_returned(tmp_path):
 def test_open_sweeps_staging_of_dead_processes_only(tmp_path):
     ArtifactStore(tmp_path)
     staging_root = tmp_path / "staging"
-    dead = staging_root / f"{'0' * 16}.{_dead_pid()}.deadbeef"
-    live = staging_root / f"{'1' * 16}.{os.getpid()}.cafebabe"
-    deleted_by_dead = staging_root / f"deleted.{_dead_pid()}.00000000"
+    dead = staging_root / f"{'0' * 16}.{_dead_pid()}-1.deadbeef"
+    live = staging_root / f"{'1' * 16}.{process_token(os.getpid())}.cafebabe"
+    # a process before a restart that had this very pid (in a container the server is pid 1 every time)
+    same_pid_earlier = staging_root / f"{'2' * 16}.{os.getpid()}-1.cafebabe"
+    deleted_by_dead = staging_root / f"deleted.{_dead_pid()}-5.00000000"
     unparseable = staging_root / "leftover"
-    for directory in (dead, live, deleted_by_dead, unparseable):
+    for directory in (dead, live, same_pid_earlier, deleted_by_dead, unparseable):
         directory.mkdir()
         (directory / LIBRARY_NAME).write_bytes(b"partial")
 

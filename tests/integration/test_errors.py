@@ -152,10 +152,25 @@ def test_integral_values_into_int64_are_fine(client):
         assert response.json()["outputs"] == {"y": y}
 
 
-@pytest.mark.parametrize("name", ["bad name!", "a" * 65, "caf\u00e9", "semi;colon"])
+@pytest.mark.parametrize(
+    "name",
+    ["bad name!", "a" * 65, "caf\u00e9", "semi;colon", ".staging", ".hidden", "...", "-x", "_x"],
+)
 def test_invalid_model_name(client, name):
     response = client.put(f"/models/{quote(name, safe='')}", content=synthetic.add_model())
     assert_error(response, 400, "invalid model name")
+    assert client.delete(f"/models/{quote(name, safe='')}").status_code in (400, 404)  # never a 500
+
+
+@pytest.mark.parametrize("name", ["con", "NUL", "com1", "lpt9.onnx", "Aux"])
+def test_reserved_device_names_are_refused(client, name):
+    assert_error(client.put(f"/models/{name}", content=synthetic.add_model()), 400, "reserved device name")
+
+
+@pytest.mark.parametrize("name", ["console", "nully", "com10", "a.b-c_d", "7up"])
+def test_names_near_the_reserved_ones_are_fine(client, name):
+    assert upload(client, name, synthetic.add_model()).status_code == 201
+    assert client.delete(f"/models/{name}").status_code == 204
 
 
 def test_longest_model_name_is_fine(client):

@@ -5,13 +5,14 @@ fake compiler) driven through httpx's ASGI transport, and what
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import numpy as np
 
 from compiler.demo import DEMO_NAME, demo_model_bytes
 from compiler.engines import OrtEngine
-from server.app import create_app
+from server.app import create_app, error_response
 from server.runtime.metrics import Metrics
 from server.runtime.service import ModelService
 from server.settings import Settings
@@ -158,3 +159,14 @@ def test_openapi_documents_every_request_and_response(tmp_path):
     assert infer["application/json"]["schema"]["properties"]["inputs"]["items"] == {"$ref": "#/$defs/V2Tensor"}
     assert "HTTPValidationError" not in schemas  # validation errors answer 400 {"error"}
     assert schemas["BucketState"]["enum"] == ["cold", "admitted", "compiling", "ready", "failed"]
+
+
+def test_a_server_bug_answers_500_with_a_request_id_found_in_the_log(caplog):
+    response = error_response(KeyError("boom"))
+    assert response.status_code == 500
+    request_id = response.headers["X-Request-Id"]
+    body = json.loads(response.body)
+    assert body == {"error": f"internal error: KeyError (request id {request_id})"}
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and logged[0].exc_info[0] is KeyError
+    assert error_response(KeyError("boom")).headers["X-Request-Id"] != request_id
