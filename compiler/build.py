@@ -81,7 +81,9 @@ def compile_bucket(
             progress_path=progress_path,
             verify_sizes=verify_sizes,
         )
-        facts = run_in_child(builder, job, timeout=options.timeout_seconds, nice=options.nice)
+        facts = run_in_child(
+            builder, job, timeout=options.timeout_seconds, nice=options.nice, idle_priority=options.idle_priority
+        )
         manifest = Manifest(
             key=key,
             model_digest=model.digest,

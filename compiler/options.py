@@ -65,6 +65,9 @@ class CompileOptions(BaseModel):
     tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
     database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
     nice: int = Field(0, ge=0, le=19, description="niceness added to the compile child: below serving")
+    idle_priority: bool = Field(
+        False, description="compile child in Linux's idle scheduling class: it runs on what serving leaves idle"
+    )
 
     @property
     def tier(self) -> str:

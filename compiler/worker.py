@@ -8,6 +8,7 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,20 @@ _CONTEXT = multiprocessing.get_context("spawn")
 
 
 PR_SET_PDEATHSIG = 1
+
+_running: set[multiprocessing.process.BaseProcess] = set()
+_running_lock = threading.Lock()
+
+
+def stop_children() -> int:
+    """Kill every child ``run_in_child`` is waiting on (a shutdown); each caller gets a
+    CompileCrashedError. Returns how many were running."""
+    with _running_lock:
+        running = list(_running)
+    for process in running:
+        with contextlib.suppress(OSError, ValueError):
+            process.kill()
+    return len(running)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -61,9 +76,16 @@ def _describe_exit(exitcode: int | None) -> str:
 
 
 def run_in_child(
-    function: Callable[[Any], Any], argument: Any, *, timeout: float, what: str = "compile", nice: int = 0
+    function: Callable[[Any], Any],
+    argument: Any,
+    *,
+    timeout: float,
+    what: str = "compile",
+    nice: int = 0,
+    idle_priority: bool = False,
 ) -> Any:
-    """Call ``function(argument)`` in a fresh process (``nice`` added to its niceness) and return its result.
+    """Call ``function(argument)`` in a fresh process (``nice`` added to its niceness, in the idle
+    scheduling class with ``idle_priority``) and return its result.
 
     Raises CompileTimeoutError past ``timeout`` seconds, CompileCrashedError
     when the child dies without answering, and the child's own typed error
@@ -76,9 +98,15 @@ def run_in_child(
         target=_child_main, args=(function, argument, sender, os.getpid()), name=f"jitserve-{what}", daemon=True
     )
     process.start()
-    if nice:  # at once, not only when the child gets to it: its imports run below serving too
+    with _running_lock:
+        _running.add(process)
+    # At once, not only when the child gets to it: its imports run below serving too.
+    if nice:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    if idle_priority:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
     sender.close()
     try:
         if not receiver.poll(timeout):
@@ -93,6 +121,8 @@ def run_in_child(
         if process.is_alive():
             process.kill()
         process.join()
+        with _running_lock:
+            _running.discard(process)
     if message[0] == "ok":
         return message[1]
     _, class_name, text = message

@@ -1,7 +1,7 @@
 """A shape storm against compile admission, on PP-OCR rec (text width exact, batch pow2 1..8).
 
     .venv/bin/python loadtest/storm.py [--requests 1000] [--storm-clients 1] [--out loadtest/results]
-        [--no-cold-lane] [--compile-min-hits 3] [--compile-nice 10]
+        [--no-cold-lane] [--compile-min-hits 3] [--compile-nice 10] [--compile-idle]
 
 Starts a real jitserve (fresh data dir), uploads PP-OCR rec with its hot shape
 as a warm bucket, then measures the hot shape's latency alone (one client,
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> dict:
             cold_lane=str(args.cold_lane).lower(),
             compile_min_hits=args.compile_min_hits,
             compile_nice=args.compile_nice,
+            compile_idle_priority=str(args.compile_idle).lower(),
         )
         try:
             files = {
@@ -161,6 +162,7 @@ def run(args: argparse.Namespace) -> dict:
         "cold_lane": args.cold_lane,
         "compile_min_hits": args.compile_min_hits,
         "compile_nice": args.compile_nice,
+        "compile_idle_priority": args.compile_idle,
         "storm_seconds": round(storm_seconds, 1),
         "storm_errors": sum(failed for _, failed in outcomes),
         "storm_p50_ms": percentile([ms for ms, _ in outcomes], 50),
@@ -189,6 +191,7 @@ def main() -> int:
     )
     parser.add_argument("--compile-min-hits", type=int, default=3, help="1: every new width earns a compile")
     parser.add_argument("--compile-nice", type=int, default=10, help="niceness of compile children")
+    parser.add_argument("--compile-idle", action="store_true", help="compile children in the idle scheduling class")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     print(json.dumps(run(args), indent=2))

@@ -17,7 +17,14 @@ def main() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=settings.access_log)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=settings.shutdown_grace_seconds,
+    )
     return 0
 
 

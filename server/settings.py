@@ -67,6 +67,14 @@ class Settings(CompileSettings):
     """Niceness of compile children: below serving, so a compile takes only what requests leave. 19 for
     the least share; tuning children always run at idle priority."""
 
+    shutdown_grace_seconds: float = Field(10.0, ge=0)
+    """On SIGTERM: new connections are refused at once, requests in flight get this long to finish;
+    compile and tuning children are stopped."""
+
+    compile_idle_priority: bool = False
+    """Compile children in Linux's idle scheduling class too: any runnable request preempts them at once
+    (niceness only lowers their share). A compile may then wait long on cores kept busy by traffic."""
+
     inference_threads: int = Field(2, ge=1)
     """Threads running inference (ONNX Runtime or TVM) off the event loop."""
 

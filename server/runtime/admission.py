@@ -175,6 +175,7 @@ class Admission:
             timeout_seconds=s.compile_timeout_seconds,
             database_dir=str(self.tuning_database_dir),
             nice=s.compile_nice,
+            idle_priority=s.compile_idle_priority,
         )
 
     def _target(self, config: ModelConfig) -> dict:

@@ -9,6 +9,7 @@ and reasons are small fixed sets.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import psutil
@@ -227,10 +228,8 @@ class Metrics:
     def _refresh_children_memory(self) -> None:
         total = 0
         for child in psutil.Process().children(recursive=True):
-            try:
+            with contextlib.suppress(psutil.Error):  # ended meanwhile
                 total += child.memory_info().rss
-            except psutil.Error:  # ended meanwhile
-                pass
         self.children_memory.set(total)
 
     def exposition(self) -> bytes:

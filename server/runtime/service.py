@@ -9,6 +9,7 @@ queue ordered by traffic, child processes below serving's priority).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ from compiler.model import load_model
 from compiler.store import ArtifactStore
 from compiler.threads import apply_thread_plan
 from compiler.upload import load_upload_folder, upload_folder
+from compiler.worker import stop_children
 
 from ..settings import Settings
 from .admission import Admission
@@ -36,6 +38,7 @@ from .scheduler import CompileScheduler
 from .tuner import BackgroundTuner
 
 T = TypeVar("T")
+log = logging.getLogger("jitserve")
 
 INLINE_DECODE_BYTES = 32 * 1024
 """Request bodies (or V2 JSON headers) up to this size are decoded on the event loop; bigger ones on
@@ -99,10 +102,15 @@ class ModelService:
             self.tuner.start()
 
     def close(self) -> None:
+        """Shutdown: models retired first (a compile killed now records nothing), then compile and
+        tuning children killed, so their threads return at once."""
         self.tuner.stop()
-        self.scheduler.close()
         for served in self.registry.all():
             served.retire()
+        stopped = stop_children()
+        if stopped:
+            log.info("shutdown: stopped %d compile or tuning children", stopped)
+        self.scheduler.close()
         self.inference.close()
 
     @property
