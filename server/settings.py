@@ -81,7 +81,7 @@ class Settings(CompileSettings):
     cold_lane: bool = True
     """Run requests to new shapes (buckets that have not earned a compile yet) on threads of their own in
     Linux's idle scheduling class, so a storm of new shapes takes only the CPU established traffic leaves
-    (PP-OCR rec on 2 cores, 1,000 random widths: hot-shape p99 x1.75 without, x1.2-1.3 with). Complete
+    (PP-OCR rec on 2 cores, 1,000 random widths: hot-shape p99 x1.66-1.72 without, x1.26-1.39 with). Complete
     with ``ort_threads`` 1, where ONNX Runtime runs on the calling thread."""
 
     inference_queue_size: int = Field(64, ge=0)

@@ -4,10 +4,10 @@
 A request is prepared (parsed and planned) where it arrives, then run in
 one of four places: its model's dynamic batcher when it has one; the event
 loop itself when its bucket's runs are measured to cost less than a hop to a
-thread; the cold lane (threads of idle priority) when its shape is new (its bucket has not earned
-a compile), so that a storm of new shapes cannot slow established traffic;
-else the inference threads. Both pools share one bounded queue, past which
-requests answer 503.
+thread; the cold lane (threads of idle priority) when its shape is new (its
+bucket has not earned a compile), so that a storm of new shapes cannot slow
+established traffic; else the inference threads. Both pools share one
+bounded queue, past which requests answer 503.
 """
 
 from __future__ import annotations
