@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable
 
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
@@ -100,13 +100,15 @@ class Metrics:
             ["model"],
             registry=r,
         )
-        ProcessCollector(registry=r)  # process_resident_memory_bytes and the rest, of the server itself
+        self.memory = Gauge(
+            "jitserve_resident_memory_bytes", "Resident memory of the server process itself.", registry=r
+        )
         self.children_memory = Gauge(
             "jitserve_children_resident_memory_bytes",
             "Resident memory of the server's child processes (compiles and tuning), summed.",
             registry=r,
         )
-        self.before_scrape(self._refresh_children_memory)
+        self.before_scrape(self._refresh_memory)
         self.compile_stage_seconds = Counter(
             "jitserve_compile_stage_seconds_total",
             "Seconds spent in each stage of kernel compiles (simplify, import, ..., export, verify).",
@@ -225,9 +227,11 @@ class Metrics:
         """Call ``refresh`` before every exposition: for gauges whose truth changes with time alone."""
         self._before_scrape.append(refresh)
 
-    def _refresh_children_memory(self) -> None:
+    def _refresh_memory(self) -> None:
+        server = psutil.Process()
+        self.memory.set(server.memory_info().rss)
         total = 0
-        for child in psutil.Process().children(recursive=True):
+        for child in server.children(recursive=True):
             with contextlib.suppress(psutil.Error):  # ended meanwhile
                 total += child.memory_info().rss
         self.children_memory.set(total)
