@@ -50,3 +50,10 @@ def unpicklable_result(_: object):
 
 def niceness(_: object) -> int:
     return os.nice(0)
+
+
+def die_with_wrong_parent(_: object) -> None:
+    """As if the process that started this one had died before it ran: it must not go on."""
+    from compiler.worker import die_with_parent
+
+    die_with_parent(os.getppid() + 1_000_000)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
 
+from compiler import worker
 from compiler.errors import (
     BadRequestError,
     CompileCrashedError,
@@ -14,7 +16,7 @@ from compiler.errors import (
     CompileTimeoutError,
     UnsupportedOperatorError,
 )
-from compiler.worker import run_in_child
+from compiler.worker import run_in_child, stop_children
 from tests import child_functions
 
 
@@ -72,3 +74,31 @@ def test_the_child_runs_below_its_parent():
     mine = os.nice(0)
     assert run_in_child(child_functions.niceness, None, timeout=30, nice=10) == min(19, mine + 10)
     assert run_in_child(child_functions.niceness, None, timeout=30) == mine
+
+
+def test_stop_children_ends_every_running_child_and_its_caller_goes_on():
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run_in_child(child_functions.sleep_for, 60, timeout=120)
+        except CompileCrashedError as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not worker._running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert stop_children() == 1
+    caller.join(10)
+    assert time.monotonic() - started < 5
+    assert outcome and "killed by SIGKILL" in str(outcome[0])
+    assert stop_children() == 0
+
+
+def test_the_child_kills_itself_when_its_parent_is_already_gone():
+    # the parent-death signal can only be set once the child runs: a parent gone by then means exit at once
+    with pytest.raises(CompileCrashedError, match="exited with status 1"):
+        run_in_child(child_functions.die_with_wrong_parent, None, timeout=60)
