@@ -9,9 +9,14 @@ padding) and unmasked sequence axes (attention sees it) fail.
 
 from __future__ import annotations
 
+import threading
+import time
+
 from .arrays import compare_outputs, random_inputs
 from .buckets import AxisPolicy, AxisSafety, pad_inputs
 from .engines import Engine
+from .errors import UnavailableError
+from .memory import inputs_fit
 from .signature import Signature
 
 
@@ -109,6 +114,14 @@ def check_axis_padding(
     )
 
 
+def _padded_size(policy: AxisPolicy, size: int) -> int:
+    """The bucket a probe size pads to; the next size up where it is its own bucket."""
+    padded = policy.bucket_size(size)
+    if padded is None or padded <= size:
+        padded = policy.bucket_size(size + 1) or size + 1
+    return padded
+
+
 # Sizes tried, after the configured or warm one, when the model refuses a probe shape
 # (a reflect Pad needs a long enough axis, a strided conv a multiple of its stride).
 FALLBACK_PROBE_SIZES = (32, 64, 128, 256, 512, 1024, 16, 8, 4, 2, 1)
@@ -127,6 +140,9 @@ def probe_padding(
     atol: float = 1e-4,
     seed: int = 0,
     index_limits: dict[str, int] | None = None,
+    max_input_bytes: int | None = None,
+    seconds: float | None = None,
+    cancelled: threading.Event | None = None,
 ) -> dict[str, AxisSafety]:
     """The padding-safety check of every symbolic axis, each at a size the model accepts.
 
@@ -136,13 +152,22 @@ def probe_padding(
     first pass are tried again with those sizes (the refusal may have been
     another axis's). An axis no size worked for says so, and names the config
     field that fixes it.
+
+    The probe is bounded: sizes whose inputs would exceed ``max_input_bytes``
+    are skipped, axes left when ``seconds`` run out are served exactly, and
+    ``cancelled`` (shutdown) ends it with a 503.
     """
     sizes = dict(sizes)
     results: dict[str, AxisSafety] = {}
     tried: dict[str, list[int]] = {}
+    deadline = None if seconds is None else time.monotonic() + seconds
     for _ in range(2):
         for axis in signature.axes():
             if axis in results and not results[axis].probe_failed:
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                reason = f"not probed: the padding probe ran out of its {seconds:g} s; served exactly"
+                results.setdefault(axis, AxisSafety(axis=axis, safe=False, reason=reason))
                 continue
             policy = policies[axis]
             if policy.kind == "exact":
@@ -155,10 +180,12 @@ def probe_padding(
             candidates = [sizes[axis]]
             if axis not in configured:
                 candidates += [s for s in FALLBACK_PROBE_SIZES if s != sizes[axis]]
-            for size in candidates[:MAX_PROBES_PER_AXIS]:
-                padded = policy.bucket_size(size)
-                if padded is None or padded <= size:
-                    padded = policy.bucket_size(size + 1) or size + 1
+            probes = [(size, _padded_size(policy, size)) for size in candidates]
+            if max_input_bytes is not None:
+                probes = [p for p in probes if inputs_fit(signature, dict(sizes, **{axis: p[1]}), max_input_bytes)]
+            for size, padded in probes[:MAX_PROBES_PER_AXIS]:
+                if cancelled is not None and cancelled.is_set():
+                    raise UnavailableError("the server is shutting down: upload not finished")
                 result = check_axis_padding(
                     engine, signature, axis, dict(sizes, **{axis: size}), padded,
                     pad_values=pad_values, rtol=rtol, atol=atol, seed=seed, index_limits=index_limits,
@@ -169,6 +196,10 @@ def probe_padding(
                 if not result.probe_failed:
                     sizes[axis] = size
                     break
+    for axis in signature.axes():
+        if axis not in results:  # every candidate size was over the input limit
+            reason = f"not probed: its probe sizes make inputs over {max_input_bytes} bytes; served exactly"
+            results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
     for axis, result in results.items():
         if result.probe_failed:
             refused = sorted(set(tried[axis]))

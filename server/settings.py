@@ -37,6 +37,15 @@ class Settings(CompileSettings):
     """Largest accepted V2 infer request body, in bytes: carries a batch of eight 640x640 RGB float32
     images as binary tensors (~39 MiB)."""
 
+    max_tensor_bytes: int = Field(4 * 1024**3, ge=1)
+    """Largest tensor a model may need, in bytes: an input at its smallest, a tensor whose shape is static
+    (a ``ConstantOfShape`` of 4 TB), or an input at a config's probe sizes, warm buckets or dynamic range.
+    A model or config past it is refused at upload, before anything allocates it."""
+
+    probe_seconds: float = Field(30.0, gt=0)
+    """Time an upload's padding-safety probe may take (two ONNX Runtime runs per symbolic axis): axes not
+    probed by then are served exactly. Probes run outside the lock other uploads wait on."""
+
     compile_workers: int = Field(1, ge=0)
     """Compiles running at once, each in its own child process; 0 serves everything through ONNX Runtime."""
 

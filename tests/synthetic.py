@@ -339,3 +339,30 @@ def conv_model(channels: int = 16, size: int = 96) -> bytes:
         initializer=[numpy_helper.from_array(weight, "w")],
     )
     return make_model(graph).SerializeToString()
+
+
+def constant_of_shape_model(shape: Sequence[int]) -> bytes:
+    """``y = x + ConstantOfShape(shape)`` over ``x: [batch, shape[-1]]``: the constant's size is static."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["shape"], ["filled"]),
+            helper.make_node("Add", ["x", "filled"], ["y"]),
+        ],
+        "constant_of_shape",
+        [value("x", "float32", ["batch", shape[-1]])],
+        [value("y", "float32", [None] * len(shape))],
+        initializer=[numpy_helper.from_array(np.asarray(shape, dtype=np.int64), "shape")],
+    )
+    return make_model(graph).SerializeToString()
+
+
+def many_inputs_model(count: int) -> bytes:
+    """``y = x0 + x1 + ...`` over ``count`` inputs of shape ``[<unnamed>, 2]``: ``count`` symbolic axes."""
+    names = [f"x{i}" for i in range(count)]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", names, ["y"])],
+        "many_inputs",
+        [value(name, "float32", [None, 2]) for name in names],
+        [value("y", "float32", [None, 2])],
+    )
+    return make_model(graph).SerializeToString()

@@ -23,6 +23,7 @@ from compiler.errors import (
     NotFoundError,
     UnavailableError,
 )
+from compiler.memory import check_model_fits, check_sizes_fit
 from compiler.model import LoadedModel, load_model
 from compiler.options import CompileOptions
 from compiler.padding import probe_padding
@@ -63,6 +64,7 @@ class Admission:
         self.start_batcher = start_batcher
         # One upload or delete at a time: versions and the store stay consistent.
         self._lock = threading.Lock()
+        self.closing = threading.Event()
 
     def restore_stored(self) -> None:
         """Serve every stored model again (its current version) and queue its warm buckets."""
@@ -97,21 +99,23 @@ class Admission:
     def register(
         self, name: str, load: Callable[[], LoadedModel], config: dict | None = None, *, replace: bool = False
     ) -> ServedModel:
-        """Serve the model ``load`` reads and validates (called once the name is known to be free)."""
+        """Serve the model ``load`` reads and validates. Loading, validation and the padding probe run
+        outside the lock (a slow probe holds up no other upload); versions are taken under it."""
         check_model_name(name)
+        self._previous(name, replace)  # a taken name is refused before the expensive work
+        model = load()
+        check_model_fits(model.proto, model.signature, self.settings.max_tensor_bytes)
+        parsed = self._parse_config(model, config)
+        ort = self._ort(model, self._target(parsed))
+        safety = self._check_padding(model, ort, parsed)
         with self._lock:
-            previous = self.registry.find(name)
-            if previous is not None and not replace:
-                raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
-            model = load()
-            parsed = self._parse_config(model, config)
-            ort = self._ort(model, self._target(parsed))
+            previous = self._previous(name, replace)
             record = ModelRecord(
                 name=name,
                 version=previous.record.version + 1 if previous else 1,
                 digest=model.digest,
                 config=parsed,
-                safety=self._check_padding(model, ort, parsed),
+                safety=safety,
                 created_at=time.time(),
                 buckets=dict(previous.record.buckets) if previous else {},
             )
@@ -120,6 +124,7 @@ class Admission:
             except BadRequestError as exc:
                 raise BadRequestError(f"config warm_buckets: {exc}") from None
             try:
+                self._check_warm_sizes(served)
                 warm = [bucket for bucket in served.all_buckets() if bucket.warm]
                 free = self.scheduler.free_slots
                 if self.scheduler.enabled and len(warm) > free:
@@ -131,6 +136,32 @@ class Admission:
             self.registry.put(served)
             self.scheduler.enqueue_warm(served)
             return served
+
+    def close(self) -> None:
+        """Shutdown: a probe in progress ends (its upload answers 503)."""
+        self.closing.set()
+
+    def _previous(self, name: str, replace: bool) -> ServedModel | None:
+        previous = self.registry.find(name)
+        if previous is not None and not replace:
+            raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
+        return previous
+
+    def _check_warm_sizes(self, served: ServedModel) -> None:
+        """Warm buckets are compiled and verified at their bucket shapes; dynamic axes at their range's end."""
+        limit = self.settings.max_tensor_bytes
+        signature = served.model.signature
+        for bucket in served.all_buckets():
+            sizes = {
+                axis: dim
+                for spec in signature.inputs
+                for index, axis in spec.symbolic_axes()
+                if isinstance(dim := bucket.bucket[spec.name][index], int)
+            }
+            check_sizes_fit(signature, sizes, limit, f"warm bucket {bucket.label}")
+        for axis, policy in served.planner.policies.items():
+            if policy.kind == "dynamic":
+                check_sizes_fit(signature, {axis: policy.max}, limit, f"axes.{axis} dynamic max")
 
     def delete(self, name: str) -> None:
         with self._lock:
@@ -226,6 +257,7 @@ class Admission:
 
     def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
         options = self._options(config)
+        check_sizes_fit(model.signature, config.probe_sizes, self.settings.max_tensor_bytes, "probe_sizes")
         return probe_padding(
             ort,
             model.signature,
@@ -237,6 +269,9 @@ class Admission:
             atol=options.atol,
             seed=options.seed,
             index_limits=model.index_bounds.limits,
+            max_input_bytes=self.settings.max_tensor_bytes,
+            seconds=self.settings.probe_seconds,
+            cancelled=self.closing,
         )
 
 

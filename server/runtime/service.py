@@ -104,6 +104,7 @@ class ModelService:
     def close(self) -> None:
         """Shutdown: models retired first (a compile killed now records nothing), then compile and
         tuning children killed, so their threads return at once."""
+        self.admission.close()
         self.tuner.stop()
         for served in self.registry.all():
             served.retire()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import onnx
 import pytest
 
 from compiler.buckets import AxisPolicy, BucketPlanner
 from compiler.engines import OrtEngine
+from compiler.errors import UnavailableError
 from compiler.padding import check_axis_padding, probe_padding
 from compiler.signature import read_signature
 from tests import synthetic
@@ -150,3 +153,32 @@ def test_approximate_needs_a_padding_policy():
     assert planner.approximate_tolerance({"x": (1, 8, 32)}) == 0.05
     assert planner.most_padded_request({"x": (1, 8, 32)}) == {"x": (1, 8, 17)}
     assert planner.plan({"x": (1, 8, 20)}).bucket == {"x": (1, 8, 32)}
+
+
+def test_probe_stops_at_its_time_budget():
+    engine, signature = _engine_and_signature(synthetic.many_inputs_model(200))
+    policies = {axis: AxisPolicy(kind="pow2", max=64) for axis in signature.axes()}
+    results = probe_padding(engine, signature, policies, dict.fromkeys(signature.axes(), 3), seconds=0.2)
+    assert len(results) == 200
+    skipped = [r for r in results.values() if r.reason.endswith("ran out of its 0.2 s; served exactly")]
+    assert 0 < len(skipped) < 200
+    assert not any(r.safe for r in skipped)
+
+
+def test_a_cancelled_probe_answers_503():
+    engine, signature = _engine_and_signature(synthetic.two_input_model())
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(UnavailableError, match="shutting down"):
+        probe_padding(engine, signature, {"batch": AxisPolicy()}, {"batch": 3}, cancelled=cancelled)
+
+
+def test_probe_sizes_over_the_input_limit_are_skipped():
+    engine, signature = _engine_and_signature(synthetic.two_input_model())  # a, b: [batch, 8] float32
+    policies = {"batch": AxisPolicy(kind="pow2", max=1024)}
+    # 2 inputs x 8 floats per row: 512 bytes allows 16 rows; the probe of 32 (padded 64) and up is skipped
+    results = probe_padding(engine, signature, policies, {"batch": 32}, max_input_bytes=512)
+    assert results["batch"].safe and "16 -> 32" not in results["batch"].reason
+    assert results["batch"].reason == "outputs match after padding 8 -> 16"
+    nothing = probe_padding(engine, signature, policies, {"batch": 32}, configured={"batch"}, max_input_bytes=512)
+    assert nothing["batch"].reason.startswith("not probed: its probe sizes make inputs over 512 bytes")

@@ -191,6 +191,12 @@ def test_longest_model_name_is_fine(client):
         (json.dumps({"warm_buckets": [{"x": [1, 5]}]}), ["warm_buckets", "'x'"]),
         (json.dumps({"warm_buckets": [{"x": [-1, 4]}]}), ["invalid config", "warm_buckets"]),
         (json.dumps({"probe_sizes": {"batch": 0}}), ["invalid config", "probe_sizes.batch"]),
+        (json.dumps({"probe_sizes": {"batch": 10**12}}), ["config probe_sizes", "input 'x'", "largest tensor"]),
+        (json.dumps({"warm_buckets": [{"x": [10**12, 4]}]}), ["warm bucket x=1000000000000x4", "largest tensor"]),
+        (
+            json.dumps({"axes": {"batch": {"kind": "dynamic", "min": 1, "max": 10**12}}}),
+            ["axes.batch dynamic max", "largest tensor"],
+        ),
     ],
     ids=[
         "not-json",
@@ -202,6 +208,9 @@ def test_longest_model_name_is_fine(client):
         "bad-warm",
         "negative-warm",
         "zero-probe",
+        "huge-probe",
+        "huge-warm",
+        "huge-dynamic-range",
     ],
 )
 def test_invalid_config(client, config, words):
@@ -299,8 +308,10 @@ def test_predict_body_over_the_limit(client):
         (b"", ["empty"]),
         (synthetic.two_input_model()[:200], ["ONNX model"]),
         (synthetic.external_data_model(), ["'W'", "external data", "../../etc/passwd"]),
+        (synthetic.relu_model([10**12, 4]), ["input 'x'", "16000000000000 bytes", "largest tensor"]),
+        (synthetic.constant_of_shape_model([2**20, 2**20]), ["tensor 'filled'", "4398046511104 bytes"]),
     ],
-    ids=["garbage", "empty", "truncated", "external-data"],
+    ids=["garbage", "empty", "truncated", "external-data", "static-dim-1e12", "constant-of-shape-4tb"],
 )
 def test_invalid_model(client, data, words):
     assert_error(upload(client, "broken", data), 422, *words)
