@@ -118,6 +118,14 @@ def validate_model(
     proto: onnx.ModelProto, data: bytes, *, min_opset: int = MIN_OPSET, max_opset: int | None = None
 ) -> LoadedModel:
     """Validate a parsed model whose serialized bytes are ``data``."""
+    try:
+        return _validate(proto, data, min_opset, max_opset)
+    except UnicodeDecodeError as exc:
+        # protobuf parses proto2 strings unchecked: text that is not UTF-8 fails where it is first read
+        raise InvalidModelError(f"the model holds a name or text that is not UTF-8: {exc.reason}") from None
+
+
+def _validate(proto: onnx.ModelProto, data: bytes, min_opset: int, max_opset: int | None) -> LoadedModel:
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
         raise InvalidModelError("not an ONNX model: no IR version or empty graph")
     _reject_external_data(proto)
@@ -127,7 +135,7 @@ def validate_model(
         raise InvalidModelError(f"opset {opset} is outside the supported range {min_opset}..{newest}")
     try:
         onnx.checker.check_model(proto, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError(f"onnx checker: {first_line}") from None
     return LoadedModel(proto, data, model_digest(data), read_signature(proto), index_bounds(proto))

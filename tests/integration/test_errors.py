@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import quote
 
 import httpx
+import onnx
 import pytest
 
 from tests import synthetic
@@ -301,6 +302,12 @@ def test_predict_body_over_the_limit(client):
 # -- 422 -------------------------------------------------------------------
 
 
+def with_weight_type(data_type: int) -> bytes:
+    model = onnx.load_from_string(synthetic.two_input_model())
+    model.graph.initializer[0].data_type = data_type
+    return model.SerializeToString()
+
+
 @pytest.mark.parametrize(
     ("data", "words"),
     [
@@ -310,8 +317,19 @@ def test_predict_body_over_the_limit(client):
         (synthetic.external_data_model(), ["'W'", "external data", "../../etc/passwd"]),
         (synthetic.relu_model([10**12, 4]), ["input 'x'", "16000000000000 bytes", "largest tensor"]),
         (synthetic.constant_of_shape_model([2**20, 2**20]), ["tensor 'filled'", "4398046511104 bytes"]),
+        (synthetic.add_model().replace(b"Add", b"\xff\xfe\xfd"), ["utf-8", "can't decode byte 0xff"]),
+        (with_weight_type(99), ["invalid tensor data type 99"]),
     ],
-    ids=["garbage", "empty", "truncated", "external-data", "static-dim-1e12", "constant-of-shape-4tb"],
+    ids=[
+        "garbage",
+        "empty",
+        "truncated",
+        "external-data",
+        "static-dim-1e12",
+        "constant-of-shape-4tb",
+        "invalid-utf8-op-type",
+        "data-type-99",
+    ],
 )
 def test_invalid_model(client, data, words):
     assert_error(upload(client, "broken", data), 422, *words)
