@@ -34,18 +34,14 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def declared_size(request: Request, limit: int) -> int:
+    """The body's declared length; the limit for a chunked body (its length is known only once read)."""
+    declared = request.headers.get("content-length")
+    return int(declared) if declared is not None and declared.isdigit() and int(declared) <= limit else limit
+
+
 async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join([chunk async for chunk in limited_stream(request, limit)])
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"malformed JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise BadRequestError("the JSON body must be an object")
-    return value
 
 
 async def _write(chunks: AsyncIterator[bytes], path: Path) -> None:

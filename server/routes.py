@@ -10,7 +10,7 @@ from compiler.errors import BadRequestError, JitServeError
 from compiler.upload import remove_upload
 
 from .auth import require_admin
-from .body import json_bytes, parse_json_object, read_limited, receive_upload
+from .body import declared_size, json_bytes, read_limited, receive_upload
 from .runtime.inference import Job
 from .runtime.service import ModelService
 from .schemas import (
@@ -97,10 +97,9 @@ async def delete_model(name: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-def _prepare_json(service: ModelService, body: bytes, name: str | None) -> Job:
-    """A ``/predict`` body parsed and planned; a refusal is counted under the model it names."""
+def _prepare_json(service: ModelService, parsed: dict, name: str | None) -> Job:
+    """A parsed ``/predict`` body planned; a refusal is counted under the model it names."""
     try:
-        parsed = parse_json_object(body)
         if name is None:
             name = parsed.get("model")
             if not isinstance(name, str):
@@ -115,16 +114,29 @@ def _prepare_json(service: ModelService, body: bytes, name: str | None) -> Job:
 
 async def predict_request(request: Request, name: str | None) -> Response:
     service = service_of(request)
+    limit = request.app.state.settings.max_predict_bytes
+    size = declared_size(request, limit)
     try:
-        body = await read_limited(request, request.app.state.settings.max_predict_bytes)
+        await service.body_budget.reserve(size)
     except JitServeError as exc:
         service.reject_request(name, exc)
         raise
-    job = await service.decode(len(body), _prepare_json, service, body, name, model=name)
-    prediction = await service.run(job)
+    try:
+        try:
+            body = await read_limited(request, limit)
+            parsed = await service.parse_json(body)
+        except JitServeError as exc:
+            service.reject_request(name, exc)
+            raise
+        job = await service.off_loop(len(body), _prepare_json, service, parsed, name, model=name)
+        del body, parsed
+        prediction = await service.run(job)
+        content = await service.off_loop(prediction.nbytes, json_bytes, prediction.body())
+    finally:
+        await service.body_budget.release(size)
     # The engine's share (pad, run, cut back) of the request, for clients comparing it with routing's timings.
     timing = f"inference;dur={prediction.inference_ms:.3f}"
-    return Response(json_bytes(prediction.body()), media_type="application/json", headers={"server-timing": timing})
+    return Response(content, media_type="application/json", headers={"server-timing": timing})
 
 
 PREDICT_ROUTE = {

@@ -46,6 +46,18 @@ class Settings(CompileSettings):
     """Time an upload's padding-safety probe may take (two ONNX Runtime runs per symbolic axis): axes not
     probed by then are served exactly. Probes run outside the lock other uploads wait on."""
 
+    max_body_bytes_in_flight: int = Field(128 * 1024 * 1024, ge=0)
+    """Bytes of predict and infer bodies held at once (JSON parses to several times its size in memory;
+    16 bodies of 16 MiB took the server from 119 MB to 2 GB): past it a request waits for others to finish,
+    up to ``body_wait_seconds``, then answers 503. A body over the budget runs alone. 0: unbounded."""
+
+    body_wait_seconds: float = Field(10.0, ge=0)
+    """How long a request waits for room in ``max_body_bytes_in_flight`` before answering 503."""
+
+    json_parse_processes: int = Field(1, ge=0)
+    """Child processes parsing ``/predict`` bodies over 1 MiB, so that parsing (which holds Python's GIL,
+    ~135 ms per 16 MiB) never stalls other requests or ``/healthz``. 0: parsed on the inference threads."""
+
     compile_workers: int = Field(1, ge=0)
     """Compiles running at once, each in its own child process; 0 serves everything through ONNX Runtime."""
 

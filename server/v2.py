@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from compiler.errors import JitServeError, NotFoundError
 
 from .auth import require_admin
-from .body import read_limited
+from .body import declared_size, read_limited
 from .routes import service_of
 from .runtime.inference import Job
 from .runtime.registry import ServedModel
@@ -112,18 +112,31 @@ INFER = {
 @router.post("/models/{name}/versions/{version}/infer", **INFER)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     service = service_of(request)
+    limit = request.app.state.settings.max_infer_bytes
+    size = declared_size(request, limit)
     try:
         signature = served_version(service, name, version).model.signature
-        body = await read_limited(request, request.app.state.settings.max_infer_bytes)
-        header = request.headers.get(HEADER_LENGTH)
-        # Binary tensors cost nothing to decode (frombuffer): only the JSON part counts.
-        size = int(header) if header is not None and header.isdigit() else len(body)
+        await service.body_budget.reserve(size)
     except JitServeError as exc:
         service.reject_request(name, exc)
         raise
-    decoded, job = await service.decode(size, _prepare, service, name, body, header, signature, model=name)
-    prediction = await service.run(job)
-    content, headers = encode_response(prediction.model, prediction.version, decoded, prediction.outputs)
+    try:
+        try:
+            body = await read_limited(request, limit)
+        except JitServeError as exc:
+            service.reject_request(name, exc)
+            raise
+        header = request.headers.get(HEADER_LENGTH)
+        # Binary tensors cost nothing to decode (frombuffer): only the JSON part counts.
+        json_size = int(header) if header is not None and header.isdigit() else len(body)
+        decoded, job = await service.off_loop(json_size, _prepare, service, name, body, header, signature, model=name)
+        del body
+        prediction = await service.run(job)
+        content, headers = await service.off_loop(
+            prediction.nbytes, encode_response, prediction.model, prediction.version, decoded, prediction.outputs
+        )
+    finally:
+        await service.body_budget.release(size)
     headers["server-timing"] = f"inference;dur={prediction.inference_ms:.3f}"
     return Response(content, headers=headers)
 

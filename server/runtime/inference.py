@@ -48,6 +48,10 @@ class Prediction:
     inference_ms: float
     """The engine's share of the request (pad, run, cut back), in milliseconds."""
 
+    @property
+    def nbytes(self) -> int:
+        return sum(array.nbytes for array in self.outputs.values())
+
     def body(self) -> dict[str, Any]:
         """The response body: everything but the timing, which travels as a header."""
         return {

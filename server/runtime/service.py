@@ -26,6 +26,7 @@ from compiler.worker import stop_children
 from ..settings import Settings
 from .admission import Admission
 from .batcher import DynamicBatcher, DynamicBatching
+from .bodies import BodyBudget, JsonParsers
 from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
 from .inference import Inference, Job, Prediction
@@ -40,9 +41,9 @@ from .tuner import BackgroundTuner
 T = TypeVar("T")
 log = logging.getLogger("jitserve")
 
-INLINE_DECODE_BYTES = 32 * 1024
-"""Request bodies (or V2 JSON headers) up to this size are decoded on the event loop; bigger ones on
-the inference pool, so that parsing a large JSON tensor never stalls other requests."""
+INLINE_WORK_BYTES = 32 * 1024
+"""Request bodies (or V2 JSON headers) up to this size are decoded on the event loop, and responses
+encoded there; bigger ones on the inference pool, so that a large tensor never stalls other requests."""
 
 
 class ModelService:
@@ -92,6 +93,8 @@ class ModelService:
             start_batcher=self._start_batcher,
         )
         self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
+        self.body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
+        self.json_parsers = JsonParsers(settings.json_parse_processes)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -113,6 +116,7 @@ class ModelService:
             log.info("shutdown: stopped %d compile or tuning children", stopped)
         self.scheduler.close()
         self.inference.close()
+        self.json_parsers.close()
 
     @property
     def jit_enabled(self) -> bool:
@@ -179,12 +183,16 @@ class ModelService:
 
     # -- predictions -----------------------------------------------------
 
-    async def decode(self, size: int, function: Callable[..., T], *args: Any, model: str | None = None) -> T:
-        """Run a request's decoder: on the event loop when ``size`` (its body's bytes to parse) is
-        small, else on the inference pool (a full pool is counted for ``model``)."""
-        if size <= INLINE_DECODE_BYTES:
+    async def off_loop(self, size: int, function: Callable[..., T], *args: Any, model: str | None = None) -> T:
+        """Decode a request or encode a response: on the event loop when ``size`` (the bytes it handles)
+        is small, else on the inference pool (a full pool is counted for ``model``)."""
+        if size <= INLINE_WORK_BYTES:
             return function(*args)
         return await self.inference.offload(function, *args, model=model)
+
+    async def parse_json(self, body: bytes) -> dict[str, Any]:
+        """A JSON object body; a large one parsed in a child process, its tensors as arrays."""
+        return await self.json_parsers.parse(body)
 
     def prepare(self, name: str, inputs: Any) -> Job:
         """A request for model ``name`` parsed and planned: 404 or 400 naming what is wrong."""
