@@ -84,6 +84,14 @@ class Settings(CompileSettings):
     """New buckets one model may see within one window; past it the model is in a shape storm: no new
     compiles are admitted for it until the rate falls, and ONNX Runtime serves every new shape."""
 
+    compile_retries: int = Field(2, ge=0)
+    """Times a compile is tried again after it failed for a reason that may pass (its child was killed by
+    a signal, crashed, or ran past its timeout); an unsupported operator or a failed verification is
+    never retried."""
+
+    compile_retry_seconds: float = Field(30.0, gt=0)
+    """Wait before the first retry of a failed compile; it doubles for each retry after."""
+
     compile_nice: int = Field(10, ge=0, le=19)
     """Niceness of compile children: below serving, so a compile takes only what requests leave. 19 for
     the least share; tuning children always run at idle priority."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from compiler.buckets import is_symbolic
 from compiler.build import CompileOutcome, compile_bucket
-from compiler.errors import JitServeError
+from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeError
 from compiler.options import CompileOptions
 from compiler.target import target_kind
 
@@ -36,6 +36,8 @@ class TierBuild:
     outcome: CompileOutcome | None
     failure: str | None
     seconds: float
+    transient: bool = False
+    """The failure may pass: the child was killed, crashed or timed out."""
 
 
 class BucketBuilder:
@@ -66,7 +68,8 @@ class BucketBuilder:
         except JitServeError as exc:
             self.metrics.record_compile(model=name, target=kind, tier=tier, outcome="error", seconds=None)
             log.warning("%s of %s %s failed: %s", tier, name, bucket.label, exc)
-            return TierBuild(None, str(exc), time.perf_counter() - started)
+            transient = isinstance(exc, CompileCrashedError | CompileTimeoutError)
+            return TierBuild(None, str(exc), time.perf_counter() - started, transient)
         manifest = outcome.manifest
         if not outcome.cached:
             verdict = "ok" if manifest.verified else "verify_failed"
@@ -87,9 +90,11 @@ class BucketBuilder:
             bucket.fail(f"not compiled: {unchecked[0].describe()}; onnxruntime serves it")
             return
         reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
+        bucket.attempts += 1
+        self.metrics.record_compile_retry(model=served.name, retried=False)
         built = self._build(served, bucket, served.options)
         if built.outcome is None:
-            bucket.fail(built.failure or "compile failed")
+            self._fail(served, bucket, built)
             return
         outcome = built.outcome
         bucket.compiled(outcome.manifest.compile_seconds)
@@ -154,6 +159,18 @@ class BucketBuilder:
         }
         self.router.route(served, bucket, candidates)
         return built.seconds
+
+    def _fail(self, served: ServedModel, bucket: ServedBucket, built: TierBuild) -> None:
+        """Failed; a failure that may pass is retried (by the scheduler) after a doubling wait, a few times."""
+        reason = built.failure or "compile failed"
+        retries = self.settings.compile_retries
+        if not built.transient or bucket.attempts > retries or served.retired:
+            tried = f" (tried {bucket.attempts} times)" if built.transient and bucket.attempts > 1 else ""
+            bucket.fail(reason + tried)
+            return
+        delay = self.settings.compile_retry_seconds * 2 ** (bucket.attempts - 1)
+        self.metrics.record_compile_retry(model=served.name)
+        bucket.fail(f"{reason}; retry {bucket.attempts} of {retries} in {delay:g} s", retry_in=delay)
 
     @staticmethod
     def _recompile_reason(served: ServedModel, bucket: ServedBucket) -> str | None:

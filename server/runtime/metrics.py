@@ -51,6 +51,12 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.compile_retries = Counter(
+            "jitserve_compile_retries_total",
+            "Compiles scheduled again after a failure that may pass (child killed, crashed or timed out).",
+            ["model"],
+            registry=r,
+        )
         self.compile_duration = Histogram(
             "jitserve_compile_duration_seconds",
             "Wall time of one kernel compile (import, build, export).",
@@ -170,6 +176,12 @@ class Metrics:
         self.compiles.labels(model, target, tier, outcome).inc()
         if seconds is not None:
             self.compile_duration.labels(model, target).observe(seconds)
+
+    def record_compile_retry(self, *, model: str, retried: bool = True) -> None:
+        """``retried=False`` only shows the model's series (at zero) once it compiles."""
+        child = self.compile_retries.labels(model)
+        if retried:
+            child.inc()
 
     def record_compile_stages(self, *, model: str, stages: dict[str, float]) -> None:
         for stage, seconds in stages.items():

@@ -74,9 +74,12 @@ class ServedModel:
             return list(self.buckets.values())
 
     def waiting_warm_buckets(self) -> list[str]:
-        """Warm buckets neither ready nor failed yet, as ``model:bucket``."""
-        done = (BucketState.READY, BucketState.FAILED)
-        return [f"{self.name}:{b.label}" for b in self.all_buckets() if b.warm and b.state not in done]
+        """Warm buckets neither ready nor failed for good yet (a retry pending), as ``model:bucket``."""
+        return [
+            f"{self.name}:{b.label}"
+            for b in self.all_buckets()
+            if b.warm and (b.state not in (BucketState.READY, BucketState.FAILED) or b.retry_pending)
+        ]
 
     def describe(self) -> dict:
         record, signature = self.record, self.model.signature

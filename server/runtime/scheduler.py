@@ -83,6 +83,24 @@ class CompileScheduler:
             if bucket.warm:
                 self.enqueue(served, bucket)
 
+    def _retry_later(self, served: ServedModel, bucket: ServedBucket, seconds: float) -> None:
+        """Queue a failed bucket again after ``seconds`` (unless closed, retired or the queue is full)."""
+
+        def retry() -> None:
+            with self._changed:
+                if self._closed or served.retired or len(self._queued) >= self.queue_size:
+                    bucket.stop_retrying(f"{bucket.reason}; not retried: the server is busy or shutting down")
+                    return
+                if not bucket.move(BucketState.ADMITTED, only_from=BucketState.FAILED):
+                    return
+                self._queued.append((served, bucket))
+                self._changed.notify()
+            self._update_depth()
+
+        timer = threading.Timer(seconds, retry)
+        timer.daemon = True
+        timer.start()
+
     def _update_depth(self) -> None:
         self.metrics.set_queue_depth(depth=self.pending)
 
@@ -109,6 +127,8 @@ class CompileScheduler:
             try:
                 if not served.retired:
                     self._run(served, bucket)
+                    if bucket.retry_in is not None and bucket.retry_pending:
+                        self._retry_later(served, bucket, bucket.retry_in)
             except Exception:  # a worker must survive any one job
                 log.exception("compile of %s %s failed unexpectedly", served.name, bucket.label)
                 with contextlib.suppress(IllegalTransitionError):  # already ready: it stays served

@@ -1,7 +1,8 @@
 """The lifecycle of one bucket of one served model, as a typed state machine.
 
     cold ──► admitted ──► compiling ──► ready ◄─┐ (re-routed after tuning)
-     ▲  │  ◄──┘ (queue full)       └──► failed     │
+     ▲  │  ◄──┘ (queue full)   ▲     └──► failed     │
+     │  │                      └──────────┘ (retried: the failure may pass)
      │  └────────────────────────────► ready ─────┘ (route restored from an earlier process)
      └──────────────────────────────── ready        (evicted: the model's coldest compiled bucket)
 
@@ -40,7 +41,7 @@ LEGAL_MOVES: dict[BucketState, frozenset[BucketState]] = {
     BucketState.ADMITTED: frozenset({BucketState.COLD, BucketState.COMPILING}),
     BucketState.COMPILING: frozenset({BucketState.READY, BucketState.FAILED}),
     BucketState.READY: frozenset({BucketState.READY, BucketState.COLD}),
-    BucketState.FAILED: frozenset(),
+    BucketState.FAILED: frozenset({BucketState.ADMITTED}),
 }
 
 
@@ -91,6 +92,10 @@ class ServedBucket:
         """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
         self.tuning: TuningStatus | None = None
+        self.attempts = 0
+        """Compiles tried (retries included)."""
+        self.retry_in: float | None = None
+        """Failed for a reason that may pass: seconds until its retry (None: no retry)."""
         self._hits = 0
         self._recent_hits: deque[float] = deque(maxlen=RECENT_HITS_KEPT)
         self._heat = 0.0
@@ -111,10 +116,24 @@ class ServedBucket:
                 return False
             self._check(to)
             self.state, self.reason = to, reason
+            if to is BucketState.ADMITTED:
+                self.retry_in = None
             return True
 
-    def fail(self, reason: str) -> None:
-        self.move(BucketState.FAILED, reason=reason)
+    def fail(self, reason: str, *, retry_in: float | None = None) -> None:
+        with self._lock:
+            self._check(BucketState.FAILED)
+            self.state, self.reason, self.retry_in = BucketState.FAILED, reason, retry_in
+
+    def stop_retrying(self, reason: str) -> None:
+        """A failed bucket's pending retry is called off."""
+        with self._lock:
+            if self.state is BucketState.FAILED:
+                self.reason, self.retry_in = reason, None
+
+    @property
+    def retry_pending(self) -> bool:
+        return self.state is BucketState.FAILED and self.retry_in is not None
 
     def serve(
         self,

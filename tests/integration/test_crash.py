@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 
 from compiler.demo import demo_model_bytes
-from tests.integration.serverproc import ServerProcess, wait_until
+from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import settled_bucket, upload
 
 DEMO = demo_model_bytes()
@@ -45,5 +45,27 @@ def test_a_killed_server_takes_its_compile_children_with_it_and_a_restart_sweeps
         assert not [entry for entry in left if entry.exists()]  # the new server's own compile may be there
         with server.client() as client:
             assert settled_bucket(client, "m", "x=3x4")["state"] == "ready"  # compiled again, from scratch
+    finally:
+        server.stop()
+
+
+def test_a_compile_child_killed_by_a_signal_is_retried_and_the_bucket_serves(tmp_path):
+    server = ServerProcess(tmp_path / "data", tuning_enabled=False, compile_retry_seconds=1).start()
+    try:
+        with server.client() as client:
+            assert upload(client, "m", DEMO, WARM).status_code == 201
+            children = wait_until(lambda: compile_children(server.process.pid), timeout=60, interval=0.01)
+            for child in children:
+                child.kill()
+            failed = wait_until(
+                lambda: (b := client.get("/models/m").json()["buckets"][0])["state"] == "failed" and b,
+                timeout=60,
+                interval=0.05,
+            )
+            assert "killed by SIGKILL; retry 1 of 2 in 1 s" in failed["reason"], failed
+            wait_until(lambda: client.get("/models/m").json()["buckets"][0]["state"] == "ready", timeout=180)
+            text = client.get("/metrics").text
+            assert metric_value(text, "jitserve_compile_retries_total", model="m") == 1
+            assert metric_value(text, "jitserve_compiles_total", model="m", outcome="error") == 1
     finally:
         server.stop()

@@ -30,8 +30,10 @@ wait_until = partial(wait_until_slow, timeout=20, interval=0.01)
 class FakeCompiler:
     """Stands in for ``compile_bucket``: counts compiles per key, blocks while the gate is closed."""
 
-    def __init__(self, *, verified: bool = True) -> None:
+    def __init__(self, *, verified: bool = True, errors: list[Exception] | None = None) -> None:
+        """``errors`` are raised by the first compiles, one each (as a compile child's failure would be)."""
         self.verified = verified
+        self.errors = list(errors or [])
         self.calls: Counter[str] = Counter()
         self.gate = threading.Event()
         self.gate.set()
@@ -43,6 +45,8 @@ class FakeCompiler:
         if existing is not None:
             return CompileOutcome(existing, True, str(store.library_path(key)))
         self.calls[key] += 1
+        if self.errors:
+            raise self.errors.pop(0)
         if progress_path and options.tune_trials:  # as the tuning child reports while it runs
             Path(progress_path).write_text(json.dumps({"trials": options.tune_trials - 1, "best_ms": 0.25}))
         self.started.set()

@@ -10,7 +10,13 @@ import pytest
 
 from compiler.demo import DEMO_CONFIG, demo_model_bytes
 from compiler.engines import OrtEngine
-from compiler.errors import NotFoundError, UnavailableError
+from compiler.errors import (
+    CompileCrashedError,
+    CompileTimeoutError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedOperatorError,
+)
 from server.runtime.state import BucketState
 from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, admit, make_service, wait_until
 
@@ -82,6 +88,52 @@ def test_full_queue_serves_through_onnxruntime_and_queues_again_later(tmp_path, 
         wait_until(lambda: bucket_state(service, "x=2x4") is BucketState.READY)
         service.predict("m", {"x": rows(3)})  # the next request for it queues it
         wait_until(lambda: bucket_state(service, "x=4x4") is BucketState.READY)
+        assert compiler.total == 3
+    finally:
+        service.close()
+
+
+def test_a_compile_killed_or_timed_out_is_retried_with_backoff_until_it_serves(tmp_path):
+    crashes = [CompileCrashedError("compile process was killed by SIGKILL"), CompileTimeoutError("ran past 1 s")]
+    compiler = FakeCompiler(errors=crashes)
+    service = make_service(
+        tmp_path, compiler, FakeKernels(DEMO), compile_retries=2, compile_retry_seconds=0.3, routing="compiled"
+    )
+    try:
+        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        bucket = service.get("m").buckets["x=1x4"]
+        wait_until(lambda: bucket.retry_pending)
+        assert bucket.reason == "compile process was killed by SIGKILL; retry 1 of 2 in 0.3 s"
+        assert service.ready() == (False, ["m:x=1x4"])  # a warm bucket to be retried is still waited for
+        wait_until(lambda: "retry 2 of 2 in 0.6 s" in (bucket.reason or ""))
+        wait_until(lambda: service.ready()[0])
+        assert bucket.state is BucketState.READY and bucket.attempts == 3
+        assert service.predict("m", {"x": rows(1)}).engine == "tvm"
+        assert service.metrics.compile_retries.labels("m")._value.get() == 2
+    finally:
+        service.close()
+
+
+def test_a_transient_failure_past_the_retries_and_a_permanent_one_stay_failed(tmp_path):
+    compiler = FakeCompiler(errors=[CompileCrashedError("compile process was killed by SIGKILL")] * 2)
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), compile_retries=1, compile_retry_seconds=0.05)
+    try:
+        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        wait_until(lambda: service.ready()[0])
+        bucket = service.get("m").buckets["x=1x4"]
+        assert (bucket.state, bucket.reason) == (
+            BucketState.FAILED,
+            "compile process was killed by SIGKILL (tried 2 times)",
+        )
+        compiler.errors.append(UnsupportedOperatorError("no converter for Det"))
+        service.register("p", DEMO, CONFIG | {"warm_buckets": [{"x": [2, 4]}]})
+        wait_until(lambda: service.ready()[0])
+        permanent = service.get("p").buckets["x=2x4"]
+        assert (permanent.state, permanent.reason, permanent.attempts) == (
+            BucketState.FAILED,
+            "no converter for Det",
+            1,
+        )
         assert compiler.total == 3
     finally:
         service.close()

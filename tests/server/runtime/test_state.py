@@ -57,8 +57,24 @@ def test_the_table_covers_the_lifecycle():
         (BucketState.COMPILING, BucketState.FAILED),
         (BucketState.READY, BucketState.READY),
         (BucketState.READY, BucketState.COLD),
+        (BucketState.FAILED, BucketState.ADMITTED),  # a retry, after a failure that may pass
     }
-    assert LEGAL_MOVES[BucketState.FAILED] == frozenset()
+
+
+def test_a_retry_pending_is_cleared_by_the_retry_or_called_off():
+    bucket = bucket_in(BucketState.COMPILING)
+    bucket.fail("compile process was killed by SIGKILL", retry_in=30)
+    assert bucket.retry_pending and bucket.retry_in == 30
+    bucket.move(BucketState.ADMITTED)
+    assert not bucket.retry_pending and bucket.retry_in is None
+    bucket.move(BucketState.COMPILING)
+    bucket.fail("killed again", retry_in=60)
+    bucket.stop_retrying("killed again; not retried")
+    assert (bucket.state, bucket.reason, bucket.retry_pending) == (
+        BucketState.FAILED,
+        "killed again; not retried",
+        False,
+    )
 
 
 def test_only_from_is_a_compare_and_set():
