@@ -104,6 +104,11 @@ class Settings(CompileSettings):
     """Compile children in Linux's idle scheduling class too: any runnable request preempts them at once
     (niceness only lowers their share). A compile may then wait long on cores kept busy by traffic."""
 
+    kernel_input_max_abs: float = Field(1e6, gt=0)
+    """Requests with a float input beyond this magnitude, or not finite, are served by ONNX Runtime, never
+    by a kernel: kernels are verified on ordinary values, and a fused kernel orders overflowing arithmetic
+    differently (all-3e38 inputs gave NaN from ONNX Runtime and finite numbers from a kernel)."""
+
     inference_threads: int = Field(2, ge=1)
     """Threads running inference (ONNX Runtime or TVM) off the event loop."""
 

@@ -105,9 +105,12 @@ class Inference:
         inline_max_ms: float,
         admission: CompileAdmission,
         cold_lane: bool = False,
+        kernel_input_max_abs: float = 1e6,
     ) -> None:
         """``admission`` counts every bucket's hits, is asked about every request to a cold bucket and
-        tells new shapes from established ones, which ``cold_lane`` runs at idle priority."""
+        tells new shapes from established ones, which ``cold_lane`` runs at idle priority. Requests with
+        float inputs past ``kernel_input_max_abs`` or not finite go to ONNX Runtime."""
+        self.kernel_input_max_abs = kernel_input_max_abs
         self.registry = registry
         self.kernels = kernels
         self.metrics = metrics
@@ -196,6 +199,8 @@ class Inference:
         arrays = parse_inputs(served.model.signature, inputs, served.model.index_bounds.ranges)
         if any(array.size == 0 for array in arrays.values()):
             return Job(served, arrays, None, started)  # nothing to pad, nothing worth a kernel
+        if not all(_ordinary(array, self.kernel_input_max_abs) for array in arrays.values()):
+            return Job(served, arrays, None, started)  # the reference answers special values, as sent
         return Job(served, arrays, served.planner.plan({k: v.shape for k, v in arrays.items()}), started)
 
     def execute(self, job: Job, bucket: ServedBucket | None = None) -> Prediction:
@@ -289,6 +294,13 @@ class Inference:
             engine = self.kernels.load(key, served.model.signature, served.target)
             self.metrics.record_reload(model=served.name)
         return engine
+
+
+def _ordinary(array: np.ndarray, max_abs: float) -> bool:
+    """Finite and within ``max_abs`` (a NaN fails both comparisons); integers always are."""
+    if array.dtype.kind != "f":
+        return True
+    return bool(-max_abs <= array.min() and array.max() <= max_abs)
 
 
 def idle_thread_priority() -> None:

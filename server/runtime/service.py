@@ -82,6 +82,7 @@ class ModelService:
             inline_max_ms=settings.inline_max_ms,
             admission=self.compile_admission,
             cold_lane=settings.cold_lane,
+            kernel_input_max_abs=settings.kernel_input_max_abs,
         )
         self.admission = Admission(
             settings,
