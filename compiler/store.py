@@ -122,6 +122,42 @@ class ArtifactStore:
             return None
         return manifest
 
+    def check(self) -> tuple[int, list[str]]:
+        """fsck at start: every artifact directory must hold a manifest naming its own key and the library
+        of the size it records; a damaged one (written or cut from outside: atomic commits never leave
+        one) is removed, to be compiled again. Returns (artifacts ok, what was removed and why)."""
+        ok, removed = 0, []
+        for shard in sorted(self.artifacts.iterdir()):
+            for entry in sorted(shard.iterdir()) if shard.is_dir() else [shard]:
+                problem = self._damage(entry)
+                if problem is None:
+                    ok += 1
+                    continue
+                removed.append(f"{entry.name}: {problem}")
+                doomed = self.staging_root / f"damaged.{self._token}.{uuid.uuid4().hex[:8]}"
+                os.rename(entry, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+        return ok, removed
+
+    @staticmethod
+    def _damage(entry: Path) -> str | None:
+        if not entry.is_dir():
+            return "not an artifact directory"
+        try:
+            manifest = Manifest.model_validate_json((entry / MANIFEST_NAME).read_text())
+        except OSError:
+            return "no manifest"
+        except ValueError:
+            return "unreadable manifest"
+        if manifest.key != entry.name:
+            return f"manifest names key {manifest.key[:16]}"
+        library = entry / LIBRARY_NAME
+        if not library.is_file():
+            return "no kernel library"
+        if library.stat().st_size != manifest.library_bytes:
+            return f"kernel library is {library.stat().st_size} bytes, the manifest says {manifest.library_bytes}"
+        return None
+
     def keys(self) -> Iterator[str]:
         for shard in self.artifacts.iterdir():
             for entry in shard.iterdir():

@@ -66,13 +66,18 @@ class Admission:
         self._lock = threading.Lock()
         self.closing = threading.Event()
 
-    def restore_stored(self) -> None:
-        """Serve every stored model again (its current version) and queue its warm buckets."""
-        for record, data in self.models.load_all():
+    def restore_stored(self) -> tuple[int, int]:
+        """Serve every stored model again (its current version) and queue its warm buckets. Returns
+        (models served, models skipped: damaged on disk or no longer servable; each one logged)."""
+        stored, damaged = self.models.load_all()
+        served = 0
+        for record, data in stored:
             try:
                 self._serve_stored(record, data)
+                served += 1
             except JitServeError as exc:
                 log.error("cannot serve stored model %s: %s", record.name, exc)
+        return served, damaged + len(stored) - served
 
     def _serve_stored(self, record: ModelRecord, data: bytes) -> ServedModel:
         served = self.build_served(record, load_model(data, max_bytes=len(data)))

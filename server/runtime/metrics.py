@@ -51,6 +51,12 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.store_check = Gauge(
+            "jitserve_store_check_entries",
+            "The store check at start: kernels and models found sound (ok) or damaged (removed or skipped).",
+            ["store", "result"],
+            registry=r,
+        )
         self.compile_retries = Counter(
             "jitserve_compile_retries_total",
             "Compiles scheduled again after a failure that may pass (child killed, crashed or timed out).",
@@ -176,6 +182,10 @@ class Metrics:
         self.compiles.labels(model, target, tier, outcome).inc()
         if seconds is not None:
             self.compile_duration.labels(model, target).observe(seconds)
+
+    def set_store_check(self, *, store: str, ok: int, damaged: int) -> None:
+        self.store_check.labels(store, "ok").set(ok)
+        self.store_check.labels(store, "damaged").set(damaged)
 
     def record_compile_retry(self, *, model: str, retried: bool = True) -> None:
         """``retried=False`` only shows the model's series (at zero) once it compiles."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.errors import BadRequestError
+from compiler.model import model_digest
 
 from .batcher import DynamicBatching
 from .state import TuningStatus
@@ -146,14 +147,21 @@ class ModelStore:
         directory = self._dir(name, versions[-1])
         try:
             record = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
-            return record, (directory / MODEL_FILE).read_bytes()
+            data = (directory / MODEL_FILE).read_bytes()
         except (OSError, ValueError) as exc:
             # One damaged model must not keep the others from being served.
             log.error("skipping stored model %s: %s", directory, exc)
             return None
+        if model_digest(data) != record.digest:
+            log.error("skipping stored model %s: its bytes do not match the digest its record holds", directory)
+            return None
+        return record, data
 
-    def load_all(self) -> list[tuple[ModelRecord, bytes]]:
-        return [found for name in self.names() if (found := self.load(name)) is not None]
+    def load_all(self) -> tuple[list[tuple[ModelRecord, bytes]], int]:
+        """Every stored model's current version, and how many were skipped as damaged (logged)."""
+        names = self.names()
+        found = [loaded for name in names if (loaded := self.load(name)) is not None]
+        return found, len(names) - len(found)
 
     def save(self, record: ModelRecord, data: bytes) -> None:
         """Write a new version in one rename, then drop the older versions."""

@@ -101,7 +101,16 @@ class ModelService:
 
     def start(self) -> None:
         self.scheduler.start()
-        self.admission.restore_stored()
+        kernels_ok, removed = self.artifacts.check()
+        for problem in removed:
+            log.warning("store check: removed damaged kernel %s", problem)
+        models_ok, models_skipped = self.admission.restore_stored()
+        log.info(
+            "store check: %d kernels ok, %d damaged removed; %d models served, %d skipped",
+            kernels_ok, len(removed), models_ok, models_skipped,
+        )  # fmt: skip
+        self.metrics.set_store_check(store="kernels", ok=kernels_ok, damaged=len(removed))
+        self.metrics.set_store_check(store="models", ok=models_ok, damaged=models_skipped)
         if self.jit_enabled and self.settings.tuning_enabled:
             self.tuner.start()
 

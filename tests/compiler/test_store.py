@@ -248,3 +248,34 @@ def test_delete(tmp_path):
     # The key can be built again after a delete.
     assert _commit(store, key, b"again").key == key
     assert store.library_path(key).read_bytes() == b"again"
+
+
+# --- the check at start -----------------------------------------------------
+
+
+def test_check_removes_damaged_artifacts_and_keeps_sound_ones(tmp_path):
+    store = ArtifactStore(tmp_path)
+    keys = [artifact_key(DIGEST, {"a": (n, 8)}, TARGET, "0.27.0", OPTIONS) for n in range(1, 7)]
+    for key in keys:
+        _commit(store, key)
+    sound, no_library, truncated, garbage, wrong_key, no_manifest = keys
+    (store.library_path(no_library)).unlink()
+    (store.library_path(truncated)).write_bytes(b"du")
+    (store.path(garbage) / MANIFEST_NAME).write_text("{not json")
+    (store.path(wrong_key) / MANIFEST_NAME).write_text(_manifest(sound, library_bytes=5).model_dump_json())
+    (store.path(no_manifest) / MANIFEST_NAME).unlink()
+    ok, removed = store.check()
+    assert ok == 1
+    assert sorted(removed) == sorted(
+        [
+            f"{no_library}: no kernel library",
+            f"{truncated}: kernel library is 2 bytes, the manifest says 5",
+            f"{garbage}: unreadable manifest",
+            f"{wrong_key}: manifest names key {sound[:16]}",
+            f"{no_manifest}: no manifest",
+        ]
+    )
+    assert [key for key in keys if store.path(key).exists()] == [sound]
+    assert store.get(sound) is not None
+    assert list(store.staging_root.iterdir()) == []
+    assert store.check() == (1, [])

@@ -69,3 +69,30 @@ def test_a_compile_child_killed_by_a_signal_is_retried_and_the_bucket_serves(tmp
             assert metric_value(text, "jitserve_compiles_total", model="m", outcome="error") == 1
     finally:
         server.stop()
+
+
+def test_a_restart_checks_the_store_removes_damaged_kernels_and_skips_damaged_models(tmp_path):
+    data = tmp_path / "data"
+    server = ServerProcess(data, tuning_enabled=False).start()
+    try:
+        with server.client() as client:
+            assert upload(client, "m", DEMO, WARM).status_code == 201
+            assert upload(client, "n", DEMO).status_code == 201
+            assert settled_bucket(client, "m", "x=3x4")["state"] == "ready"
+        server.stop()
+        (library,) = (data / "kernels" / "artifacts").glob("*/*/kernel.so")
+        library.write_bytes(library.read_bytes()[:100])  # cut short, as by a full disk or a copy gone wrong
+        (model,) = (data / "models" / "n").glob("v*/model.onnx")
+        model.write_bytes(model.read_bytes()[:-10] + b"0123456789")
+
+        server.start()
+        with server.client() as client:
+            assert "store check: 0 kernels ok, 1 damaged removed; 1 models served, 1 skipped" in server.log()
+            text = client.get("/metrics").text
+            assert metric_value(text, "jitserve_store_check_entries", store="kernels", result="damaged") == 1
+            assert metric_value(text, "jitserve_store_check_entries", store="models", result="damaged") == 1
+            assert client.get("/models/n").status_code == 404
+            assert settled_bucket(client, "m", "x=3x4")["state"] == "ready"  # compiled again
+            assert not library.exists() or library.stat().st_size > 100
+    finally:
+        server.stop()
