@@ -127,8 +127,8 @@ class CompileScheduler:
             try:
                 if not served.retired:
                     self._run(served, bucket)
-                    if bucket.retry_in is not None and bucket.retry_pending:
-                        self._retry_later(served, bucket, bucket.retry_in)
+                    if bucket.retry_pending:
+                        self._retry_later(served, bucket, bucket.retry_in or 0.0)
             except Exception:  # a worker must survive any one job
                 log.exception("compile of %s %s failed unexpectedly", served.name, bucket.label)
                 with contextlib.suppress(IllegalTransitionError):  # already ready: it stays served
