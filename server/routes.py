@@ -115,13 +115,7 @@ def _prepare_json(service: ModelService, parsed: dict, name: str | None) -> Job:
 async def predict_request(request: Request, name: str | None) -> Response:
     service = service_of(request)
     limit = request.app.state.settings.max_predict_bytes
-    size = declared_size(request, limit)
-    try:
-        await service.body_budget.reserve(size)
-    except JitServeError as exc:
-        service.reject_request(name, exc)
-        raise
-    try:
+    async with service.body_room(declared_size(request, limit), name):
         try:
             body = await read_limited(request, limit)
             parsed = await service.parse_json(body)
@@ -132,8 +126,6 @@ async def predict_request(request: Request, name: str | None) -> Response:
         del body, parsed
         prediction = await service.run(job)
         content = await service.off_loop(prediction.nbytes, json_bytes, prediction.body())
-    finally:
-        await service.body_budget.release(size)
     # The engine's share (pad, run, cut back) of the request, for clients comparing it with routing's timings.
     timing = f"inference;dur={prediction.inference_ms:.3f}"
     return Response(content, media_type="application/json", headers={"server-timing": timing})

@@ -113,14 +113,12 @@ INFER = {
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     service = service_of(request)
     limit = request.app.state.settings.max_infer_bytes
-    size = declared_size(request, limit)
     try:
         signature = served_version(service, name, version).model.signature
-        await service.body_budget.reserve(size)
     except JitServeError as exc:
         service.reject_request(name, exc)
         raise
-    try:
+    async with service.body_room(declared_size(request, limit), name):
         try:
             body = await read_limited(request, limit)
         except JitServeError as exc:
@@ -135,8 +133,6 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         content, headers = await service.off_loop(
             prediction.nbytes, encode_response, prediction.model, prediction.version, decoded, prediction.outputs
         )
-    finally:
-        await service.body_budget.release(size)
     headers["server-timing"] = f"inference;dur={prediction.inference_ms:.3f}"
     return Response(content, headers=headers)
 

@@ -10,7 +10,8 @@ queue ordered by traffic, child processes below serving's priority).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -199,6 +200,20 @@ class ModelService:
         if size <= INLINE_WORK_BYTES:
             return function(*args)
         return await self.inference.offload(function, *args, model=model)
+
+    @asynccontextmanager
+    async def body_room(self, size: int, model: str | None) -> AsyncIterator[None]:
+        """Room for a ``size``-byte request body in the budget, held until its response is ready; a refusal
+        (503 past the wait) is counted for ``model``."""
+        try:
+            await self.body_budget.reserve(size)
+        except JitServeError as exc:
+            self.reject_request(model, exc)
+            raise
+        try:
+            yield
+        finally:
+            self.body_budget.release(size)
 
     async def parse_json(self, body: bytes) -> dict[str, Any]:
         """A JSON object body; a large one parsed in a child process, its tensors as arrays."""
