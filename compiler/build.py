@@ -82,7 +82,12 @@ def compile_bucket(
             verify_sizes=verify_sizes,
         )
         facts = run_in_child(
-            builder, job, timeout=options.timeout_seconds, nice=options.nice, idle_priority=options.idle_priority
+            builder,
+            job,
+            timeout=options.timeout_seconds,
+            nice=options.nice,
+            idle_priority=options.idle_priority,
+            memory_limit=options.memory_limit_bytes,
         )
         manifest = Manifest(
             key=key,

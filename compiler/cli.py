@@ -116,6 +116,7 @@ def _compile_context(args, settings):
         atol=getattr(args, "atol", None) or settings.verify_atol,
         seed=settings.verify_seed,
         timeout_seconds=getattr(args, "timeout", None) or settings.compile_timeout_seconds,
+        memory_limit_bytes=settings.compile_memory_bytes,
     )
     store = ArtifactStore(args.store or settings.kernel_store_dir)
     return model, buckets, target, options, store

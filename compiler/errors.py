@@ -66,6 +66,10 @@ class CompileCrashedError(CompileError):
     """The compile child process died without answering (e.g. a segfault)."""
 
 
+class CompileOutOfMemoryError(CompileError):
+    """The compile child passed its memory limit; the same compile would pass it again."""
+
+
 class CompileTimeoutError(CompileError):
     """The compile child process ran past its time limit and was killed."""
 

@@ -38,6 +38,10 @@ class CompileSettings(BaseSettings):
     compile_timeout_seconds: float = 900.0
     """A compile child running longer than this is killed and the compile fails."""
 
+    compile_memory_bytes: int = Field(8 * 1024**3, ge=0)
+    """Data-segment limit (RLIMIT_DATA) of one compile child, in bytes; a compile past it fails as out of
+    memory and is not retried (0: no limit)."""
+
     verify_rtol: float = 1e-3
     """Relative tolerance of kernel verification against ONNX Runtime."""
 
@@ -60,6 +64,7 @@ class CompileOptions(BaseModel):
     atol: float = Field(1e-4, description="absolute tolerance of verification")
     seed: int = Field(0, description="seed of the random verification inputs")
     timeout_seconds: float = Field(900.0, description="limit of one compile child process")
+    memory_limit_bytes: int = Field(0, ge=0, description="data-segment limit of the compile child (0: none)")
     simplify: bool = Field(True, description="fold shape subgraphs with onnxsim before import")
     tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
     tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import multiprocessing
 import os
+import resource
 import signal
 import threading
 import traceback
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import errors
-from .errors import CompileCrashedError, CompileError, CompileTimeoutError, JitServeError
+from .errors import CompileCrashedError, CompileError, CompileOutOfMemoryError, CompileTimeoutError, JitServeError
 
 # spawn, not fork: the caller may run threads (uvicorn, ORT) that fork would copy.
 _CONTEXT = multiprocessing.get_context("spawn")
@@ -46,10 +48,15 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _child_main(function: Callable[[Any], Any], argument: Any, connection, parent_pid: int) -> None:
+def _child_main(function_path: tuple[str, str], argument: Any, connection, parent_pid: int, memory_limit: int) -> None:
     die_with_parent(parent_pid)
     try:
-        result = function(argument)
+        # The limit first, then the import: a child that cannot even import what it runs says so.
+        limit_memory(memory_limit)
+        module, name = function_path
+        result = getattr(importlib.import_module(module), name)(argument)
+    except MemoryError:
+        connection.send(("error", "CompileOutOfMemoryError", f"ran out of its memory limit of {memory_limit} bytes"))
     except JitServeError as exc:
         connection.send(("error", type(exc).__name__, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - report everything to the parent
@@ -66,13 +73,24 @@ def _child_main(function: Callable[[Any], Any], argument: Any, connection, paren
         connection.close()
 
 
-def _describe_exit(exitcode: int | None) -> str:
+def _describe_exit(exitcode: int | None, memory_limit: int) -> str:
     if exitcode is not None and exitcode < 0:
         try:
-            return f"killed by {signal.Signals(-exitcode).name}"
+            text = f"killed by {signal.Signals(-exitcode).name}"
         except ValueError:
-            return f"killed by signal {-exitcode}"
+            text = f"killed by signal {-exitcode}"
+        # C++ code aborts or crashes where Python would raise MemoryError.
+        if memory_limit and -exitcode in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS):
+            text += f" (its memory limit was {memory_limit} bytes)"
+        return text
     return f"exited with status {exitcode} without a result"
+
+
+def limit_memory(limit: int) -> None:
+    """Cap this process's data segment (heap and private writable mappings). Not RLIMIT_AS: CUDA reserves
+    address space far past what it ever touches."""
+    if limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def run_in_child(
@@ -83,19 +101,26 @@ def run_in_child(
     what: str = "compile",
     nice: int = 0,
     idle_priority: bool = False,
+    memory_limit: int = 0,
 ) -> Any:
     """Call ``function(argument)`` in a fresh process (``nice`` added to its niceness, in the idle
-    scheduling class with ``idle_priority``) and return its result.
+    scheduling class with ``idle_priority``, its data segment capped at ``memory_limit`` bytes unless
+    0) and return its result.
 
     Raises CompileTimeoutError past ``timeout`` seconds, CompileCrashedError
-    when the child dies without answering, and the child's own typed error
-    (or CompileError) when it raised.
+    when the child dies without answering, CompileOutOfMemoryError when it
+    ran out of its memory limit, and the child's own typed error (or
+    CompileError) when it raised.
     """
     receiver, sender = _CONTEXT.Pipe(duplex=False)
     # A compile never outlives the process that asked for it: daemon for a clean exit, the parent-death
     # signal for a killed one.
     process = _CONTEXT.Process(
-        target=_child_main, args=(function, argument, sender, os.getpid()), name=f"jitserve-{what}", daemon=True
+        target=_child_main,
+        # By name: the child imports it within its memory limit.
+        args=((function.__module__, function.__qualname__), argument, sender, os.getpid(), memory_limit),
+        name=f"jitserve-{what}",
+        daemon=True,
     )
     process.start()
     with _running_lock:
@@ -115,7 +140,7 @@ def run_in_child(
             message = receiver.recv()
         except (EOFError, OSError):
             process.join(5)
-            raise CompileCrashedError(f"{what} process {_describe_exit(process.exitcode)}") from None
+            raise CompileCrashedError(f"{what} process {_describe_exit(process.exitcode, memory_limit)}") from None
     finally:
         receiver.close()
         if process.is_alive():
@@ -126,6 +151,8 @@ def run_in_child(
     if message[0] == "ok":
         return message[1]
     _, class_name, text = message
+    if class_name == CompileOutOfMemoryError.__name__:
+        text = f"{what} {text}"
     error_class = getattr(errors, class_name, CompileError)
     if not (isinstance(error_class, type) and issubclass(error_class, JitServeError)):
         error_class = CompileError

@@ -57,3 +57,14 @@ def die_with_wrong_parent(_: object) -> None:
     from compiler.worker import die_with_parent
 
     die_with_parent(os.getppid() + 1_000_000)
+
+
+def allocate(size: int) -> int:
+    """Touch ``size`` bytes, as a compile that needs that much memory would."""
+    return len(bytearray(size))
+
+
+def data_limit(_: object) -> int:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_DATA)[0]

@@ -209,6 +209,7 @@ class Admission:
             atol=config.atol or s.verify_atol,
             seed=s.verify_seed,
             timeout_seconds=s.compile_timeout_seconds,
+            memory_limit_bytes=s.compile_memory_bytes,
             database_dir=str(self.tuning_database_dir),
             nice=s.compile_nice,
             idle_priority=s.compile_idle_priority,

@@ -8,8 +8,9 @@ import signal
 import pytest
 
 from compiler.build import compile_bucket
-from compiler.errors import CompileCrashedError, UnsupportedOperatorError
+from compiler.errors import CompileCrashedError, CompileOutOfMemoryError, UnsupportedOperatorError
 from compiler.model import load_model
+from compiler.options import CompileOptions, CompileSettings
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
 from tests import synthetic
@@ -80,6 +81,18 @@ def test_crashing_compile_child_fails_that_compile_only(store):
     # The caller goes on: the same key compiles normally afterwards.
     outcome = compile_bucket(model, {"x": (2, 4)}, target, store)
     assert outcome.manifest.verified is True
+
+
+def test_a_compile_past_its_memory_limit_fails_as_out_of_memory_leaving_nothing(store):
+    model = _load(synthetic.add_model("float32"))
+    target = resolve_target("llvm")
+    tight = CompileOptions(memory_limit_bytes=64 * 1024**2)  # importing TVM alone takes more
+    with pytest.raises(CompileOutOfMemoryError, match="memory limit of 67108864 bytes"):
+        compile_bucket(model, {"x": (2, 4)}, target, store, tight)
+    assert list(store.keys()) == []
+    assert list(store.staging_root.iterdir()) == []
+    roomy = CompileOptions(memory_limit_bytes=CompileSettings().compile_memory_bytes)
+    assert compile_bucket(model, {"x": (2, 4)}, target, store, roomy).manifest.verified is True
 
 
 def test_an_embedding_smaller_than_the_test_ids_verifies(store):

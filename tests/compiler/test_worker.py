@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 
@@ -13,6 +14,7 @@ from compiler.errors import (
     BadRequestError,
     CompileCrashedError,
     CompileError,
+    CompileOutOfMemoryError,
     CompileTimeoutError,
     UnsupportedOperatorError,
 )
@@ -74,6 +76,16 @@ def test_the_child_runs_below_its_parent():
     mine = os.nice(0)
     assert run_in_child(child_functions.niceness, None, timeout=30, nice=10) == min(19, mine + 10)
     assert run_in_child(child_functions.niceness, None, timeout=30) == mine
+
+
+def test_a_child_past_its_memory_limit_fails_as_out_of_memory_and_the_next_one_runs():
+    limit = 512 * 1024**2
+    assert run_in_child(child_functions.data_limit, None, timeout=30, memory_limit=limit) == limit
+    with pytest.raises(CompileOutOfMemoryError, match=f"compile ran out of its memory limit of {limit} bytes"):
+        run_in_child(child_functions.allocate, 2 * limit, timeout=60, memory_limit=limit)
+    assert run_in_child(child_functions.allocate, limit // 4, timeout=60, memory_limit=limit) == limit // 4
+    # no limit by default: the server's own limit (none here) is inherited
+    assert run_in_child(child_functions.data_limit, None, timeout=30) == resource.getrlimit(resource.RLIMIT_DATA)[0]
 
 
 def test_stop_children_ends_every_running_child_and_its_caller_goes_on():
