@@ -11,12 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 
 from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 from compiler.errors import JitServeError
 
 from .auth import check_exposure
 from .hot_routes import HotRoutes
+from .openapi import finish_openapi
 from .routes import router
 from .runtime.metrics import Metrics
 from .runtime.service import ModelService
@@ -53,14 +55,26 @@ def create_app(
     app.include_router(router)
     app.include_router(v2_router)
     app.add_middleware(HotRoutes, error_response=error_response)
-    _document_errors_as_they_are(app)
+    finish_openapi(app)
 
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, HTTPException) and exc.status_code == 405:
+            # Starlette names only the first route matching the path; RFC 9110 wants every method it has.
+            exc.headers = {"Allow": ", ".join(allowed_methods(app, request))}
         return error_response(exc)
 
     for kind in (JitServeError, RequestValidationError, HTTPException, Exception):
         app.add_exception_handler(kind, handle)
     return app
+
+
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """The methods the OpenAPI document gives the request's path."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        if compile_path(template)[0].match(request.url.path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods)
 
 
 def error_response(exc: Exception) -> JSONResponse:
@@ -73,7 +87,8 @@ def error_response(exc: Exception) -> JSONResponse:
         where = ".".join(str(p) for p in first["loc"])
         return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=400)
     if isinstance(exc, HTTPException):
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        # e.g. a 405's Allow header
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
     # A server bug: the id ties the client's answer to the traceback in the log.
     request_id = uuid.uuid4().hex[:16]
     log.error("unhandled error (request id %s)", request_id, exc_info=exc)
@@ -82,23 +97,3 @@ def error_response(exc: Exception) -> JSONResponse:
         status_code=500,
         headers={"X-Request-Id": request_id},
     )
-
-
-def _document_errors_as_they_are(app: FastAPI) -> None:
-    """Request validation errors answer 400 ``{"error": ...}`` (see the handler above), so drop the
-    422 ``HTTPValidationError`` responses FastAPI documents on every route with parameters."""
-    generate = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = generate()
-            for item in schema["paths"].values():
-                for operation in item.values():
-                    responses = operation.get("responses", {})
-                    if "HTTPValidationError" in str(responses.get("422", "")):
-                        del responses["422"]
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-        return app.openapi_schema
-
-    app.openapi = openapi

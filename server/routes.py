@@ -17,6 +17,7 @@ from .schemas import (
     Health,
     ModelDescription,
     ModelList,
+    ModelPredictRequest,
     PredictRequest,
     PredictResponse,
     Readiness,
@@ -46,7 +47,12 @@ UPLOAD_BODY = {
         },
     },
 }
-PREDICT_BODY = {"required": True, "content": {"application/json": {"schema": PredictRequest.model_json_schema()}}}
+
+
+def json_body(model: type) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}
+
+
 PREDICT_HEADERS = {"server-timing": {"description": "inference;dur=MS: the engine's share of the request"}}
 
 
@@ -134,17 +140,16 @@ async def predict_request(request: Request, name: str | None) -> Response:
 PREDICT_ROUTE = {
     "response_model": PredictResponse,
     "responses": {200: {"headers": PREDICT_HEADERS}, **error_responses(400, 404, 413, 500, 503)},
-    "openapi_extra": {"requestBody": PREDICT_BODY},
 }
 
 
-@router.post("/predict", **PREDICT_ROUTE)
+@router.post("/predict", **PREDICT_ROUTE, openapi_extra={"requestBody": json_body(PredictRequest)})
 async def predict(request: Request) -> Response:
     """Run a model: ``{"model": NAME, "inputs": {INPUT: nested list}}``."""
     return await predict_request(request, None)
 
 
-@router.post("/models/{name}/predict", **PREDICT_ROUTE)
+@router.post("/models/{name}/predict", **PREDICT_ROUTE, openapi_extra={"requestBody": json_body(ModelPredictRequest)})
 async def predict_model(name: str, request: Request) -> Response:
     """Run the model ``name``: ``{"inputs": {INPUT: nested list}}``."""
     return await predict_request(request, name)

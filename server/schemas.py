@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .runtime.state import BucketState, TuningStatus
 
@@ -79,9 +79,21 @@ class ModelList(BaseModel):
     models: list[ModelDescription]
 
 
-class PredictRequest(BaseModel):
-    model: str | None = Field(None, description="the model's name (POST /predict only)")
+DEMO_ROW = [0.5, -1.0, 2.0, 0.0]
+DEMO_INPUTS = {"x": [DEMO_ROW]}
+DEMO_TENSOR = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": DEMO_ROW}
+
+
+class ModelPredictRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"inputs": DEMO_INPUTS}]})
+
     inputs: dict[str, Any] = Field(description="input name -> nested list of numbers")
+
+
+class PredictRequest(ModelPredictRequest):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "demo", "inputs": DEMO_INPUTS}]})
+
+    model: str = Field(description="the model's name")
 
 
 class PredictResponse(BaseModel):
@@ -156,6 +168,8 @@ class V2RequestedOutput(BaseModel):
 
 
 class V2InferRequest(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"inputs": [DEMO_TENSOR]}]})
+
     id: str | None = None
     parameters: dict[str, Any] | None = Field(None, description='{"binary_data_output": true}: every output binary')
     inputs: list[V2Tensor]

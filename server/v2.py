@@ -97,13 +97,22 @@ INFER = {
         **error_responses(400, 404, 413, 500, 503),
     },
     "openapi_extra": {
+        "parameters": [
+            {
+                "name": HEADER_LENGTH,
+                "in": "header",
+                "required": False,
+                "schema": {"type": "integer", "minimum": 0},
+                "description": "binary tensor extension: bytes of the JSON header that starts the body",
+            }
+        ],
         "requestBody": {
             "required": True,
             "content": {
                 "application/json": {"schema": V2InferRequest.model_json_schema()},
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
             },
-        }
+        },
     },
 }
 

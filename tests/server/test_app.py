@@ -14,6 +14,7 @@ from compiler.demo import DEMO_NAME, demo_model_bytes
 from compiler.engines import OrtEngine
 from server.app import create_app, error_response
 from server.runtime.metrics import Metrics
+from server.runtime.records import MODEL_NAME
 from server.runtime.service import ModelService
 from server.settings import Settings
 from tests.server.fakes import FakeCompiler, FakeKernels, wait_until
@@ -156,9 +157,39 @@ def test_openapi_documents_every_request_and_response(tmp_path):
     assert schemas["Bucket"]["properties"]["state"] == {"$ref": "#/components/schemas/BucketState"}
     infer = operations[("post", "/v2/models/{name}/infer")]["requestBody"]["content"]
     assert {"application/json", "application/octet-stream"} <= set(infer)
-    assert infer["application/json"]["schema"]["properties"]["inputs"]["items"] == {"$ref": "#/$defs/V2Tensor"}
+    # every reference resolves: the request bodies' own $defs were hoisted into the components
+    assert infer["application/json"]["schema"]["properties"]["inputs"]["items"] == {
+        "$ref": "#/components/schemas/V2Tensor"
+    }
+    assert "V2Tensor" in schemas and "$defs" not in json.dumps(spec)
+
+    def body_of(method: str, path: str) -> dict:
+        return operations[(method, path)]["requestBody"]["content"]["application/json"]["schema"]
+
+    assert body_of("post", "/predict")["required"] == ["inputs", "model"]
+    assert "model" not in body_of("post", "/models/{name}/predict")["properties"]
+    # path parameters as constrained as the server constrains them
+    for (method, path), op in operations.items():
+        for parameter in op.get("parameters", []):
+            if parameter["name"] == "name":
+                assert parameter["schema"]["pattern"] == MODEL_NAME.pattern, (method, path)
     assert "HTTPValidationError" not in schemas  # validation errors answer 400 {"error"}
     assert schemas["BucketState"]["enum"] == ["cold", "admitted", "compiling", "ready", "failed"]
+
+
+def test_a_method_a_path_lacks_answers_405_naming_every_method_it_has(tmp_path):
+    app, _ = build_app(tmp_path)
+
+    async def scenario(client: httpx.AsyncClient):
+        return [await client.request(method, path) for method, path in (
+            ("OPTIONS", "/models/demo"), ("TRACE", "/healthz"), ("GET", "/predict"), ("PATCH", "/v2/models/a/infer"),
+        )]  # fmt: skip
+
+    answers = drive(app, scenario)
+    assert [r.status_code for r in answers] == [405] * 4
+    # Starlette alone names only the first route matching the path (PUT for /models/{name})
+    assert [r.headers["allow"] for r in answers] == ["DELETE, GET, PUT", "GET", "POST", "POST"]
+    assert answers[0].json() == {"error": "Method Not Allowed"}
 
 
 def test_a_server_bug_answers_500_with_a_request_id_found_in_the_log(caplog):
