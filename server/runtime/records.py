@@ -119,6 +119,9 @@ class ModelStore:
         self.staging.mkdir()
 
     def _versions(self, name: str) -> list[int]:
+        # A name no upload could take is never stored: and never a path (too long, or the store's own).
+        if not MODEL_NAME.match(name):
+            return []
         directory = self.root / name
         if not directory.is_dir():
             return []
@@ -181,7 +184,7 @@ class ModelStore:
 
     def delete(self, name: str) -> None:
         directory = self.root / name
-        if directory.is_dir():
+        if MODEL_NAME.match(name) and directory.is_dir():
             doomed = self.staging / f"deleted.{name}.{uuid.uuid4().hex[:8]}"
             os.rename(directory, doomed)
             shutil.rmtree(doomed, ignore_errors=True)

@@ -163,6 +163,16 @@ def test_invalid_model_name(client, name):
     assert client.delete(f"/models/{quote(name, safe='')}").status_code in (400, 404)  # never a 500
 
 
+@pytest.mark.parametrize("name", ["a" * 300, ".staging", "..", "caf\u00e9"])
+def test_names_no_upload_could_take_are_never_stored(client, name):
+    # a name longer than the file system's limit was a 500 OSError on the repository's load
+    path = quote(name, safe="")
+    for route in (f"/v2/repository/models/{path}/load", f"/v2/repository/models/{path}/unload"):
+        assert client.post(route).status_code == 404
+    assert client.get(f"/models/{path}").status_code == 404
+    assert client.delete(f"/models/{path}").status_code in (400, 404)
+
+
 @pytest.mark.parametrize("name", ["con", "NUL", "com1", "lpt9.onnx", "Aux"])
 def test_reserved_device_names_are_refused(client, name):
     assert_error(client.put(f"/models/{name}", content=synthetic.add_model()), 400, "reserved device name")
