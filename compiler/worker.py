@@ -90,6 +90,9 @@ def limit_memory(limit: int) -> None:
     """Cap this process's data segment (heap and private writable mappings). Not RLIMIT_AS: CUDA reserves
     address space far past what it ever touches."""
     if limit:
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)  # only root may raise a hard limit
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
