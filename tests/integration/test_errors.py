@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from urllib.parse import quote
 
 import httpx
-import onnx
 import pytest
 
-from tests import synthetic
+from tests import malformed, synthetic
 from tests.integration.serverproc import ServerProcess
 
 MAX_MODEL_BYTES = 2000
@@ -312,37 +311,25 @@ def test_predict_body_over_the_limit(client):
 # -- 422 -------------------------------------------------------------------
 
 
-def with_weight_type(data_type: int) -> bytes:
-    model = onnx.load_from_string(synthetic.two_input_model())
-    model.graph.initializer[0].data_type = data_type
-    return model.SerializeToString()
+CORPUS = malformed.corpus()
 
 
 @pytest.mark.parametrize(
-    ("data", "words"),
+    ("entry", "words"),
     [
-        (b"this is not an ONNX model at all", ["not an ONNX model"]),
-        (b"", ["empty"]),
-        (synthetic.two_input_model()[:200], ["ONNX model"]),
-        (synthetic.external_data_model(), ["'W'", "external data", "../../etc/passwd"]),
-        (synthetic.relu_model([10**12, 4]), ["input 'x'", "16000000000000 bytes", "largest tensor"]),
-        (synthetic.constant_of_shape_model([2**20, 2**20]), ["tensor 'filled'", "4398046511104 bytes"]),
-        (synthetic.add_model().replace(b"Add", b"\xff\xfe\xfd"), ["utf-8", "can't decode byte 0xff"]),
-        (with_weight_type(99), ["invalid tensor data type 99"]),
-    ],
-    ids=[
-        "garbage",
-        "empty",
-        "truncated",
-        "external-data",
-        "static-dim-1e12",
-        "constant-of-shape-4tb",
-        "invalid-utf8-op-type",
-        "data-type-99",
+        ("garbage", ["not an ONNX model"]),
+        ("empty", ["empty"]),
+        ("truncated-half", ["ONNX model"]),
+        ("external-data-relative", ["'W'", "external data", "../../etc/passwd"]),
+        ("static-dim-1e12", ["input 'x'", "16000000000000 bytes", "largest tensor"]),
+        ("constant-of-shape-4tb", ["tensor 'filled'", "4398046511104 bytes"]),
+        ("invalid-utf8-op-type", ["utf-8", "can't decode byte 0xff"]),
+        ("data-type-99", ["invalid tensor data type 99"]),
     ],
 )
-def test_invalid_model(client, data, words):
-    assert_error(upload(client, "broken", data), 422, *words)
+def test_invalid_model(client, entry, words):
+    # the words the message names; tests/integration/test_hostile_input.py sends the whole corpus
+    assert_error(upload(client, "broken", CORPUS[entry]), 422, *words)
     assert client.get("/models/broken").status_code == 404
 
 
