@@ -11,10 +11,14 @@ import time
 from dataclasses import dataclass
 
 from .buckets import Bucket
+from .errors import CompileTimeoutError
 from .model import LoadedModel
 from .options import BuildJob, CompileOptions
-from .store import LIBRARY_NAME, ArtifactStore, Manifest, artifact_key, tvm_version
+from .store import LIBRARY_NAME, ArtifactStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
 from .worker import run_in_child
+
+LEASE_WAIT_FACTOR = 2.0
+"""Another process building the same kernel is waited for up to this many times the compile timeout."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,9 @@ class CompileOutcome:
     manifest: Manifest
     cached: bool
     library_path: str
+    built_elsewhere: bool = False
+    """Another process on the store built it while this one waited for the key's lease."""
+    waited_seconds: float = 0.0
 
 
 def bucket_key(model: LoadedModel, bucket: Bucket, target: dict, options: CompileOptions) -> str:
@@ -59,48 +66,55 @@ def compile_bucket(
     existing = store.get(key)
     if existing is not None:
         return CompileOutcome(existing, True, str(store.library_path(key)))
-
-    signature = model.signature
-    with store.staging(key) as staging:
-        job = BuildJob(
-            model_bytes=model.data,
-            bucket=bucket,
-            dtypes={s.name: s.dtype for s in signature.inputs},
-            input_names=signature.input_names,
-            output_names=signature.output_names,
-            target=target,
-            library_path=str(staging / LIBRARY_NAME),
-            rtol=options.rtol,
-            atol=options.atol,
-            seed=options.seed,
-            simplify=options.simplify,
-            tune_trials=options.tune_trials,
-            tune_trials_per_task=options.tune_trials_per_task,
-            database_dir=options.database_dir,
-            index_limits=model.index_bounds.limits,
-            progress_path=progress_path,
-            verify_sizes=verify_sizes,
-        )
-        facts = run_in_child(
-            builder,
-            job,
-            timeout=options.timeout_seconds,
-            nice=options.nice,
-            idle_priority=options.idle_priority,
-            memory_limit=options.memory_limit_bytes,
-        )
-        manifest = Manifest(
-            key=key,
-            model_digest=model.digest,
-            bucket={k: list(v) for k, v in bucket.items()},
-            target=target,
-            tvm_version=tvm_version(),
-            options=options.key_options(),
-            rtol=options.rtol,
-            atol=options.atol,
-            library_bytes=(staging / LIBRARY_NAME).stat().st_size,
-            created_at=time.time(),
-            **facts,
-        )
-        manifest = store.commit(staging, manifest)
-    return CompileOutcome(manifest, False, str(store.library_path(key)))
+    try:
+        with store.lease(key, max_wait=options.timeout_seconds * LEASE_WAIT_FACTOR) as lease:
+            existing = store.get(key)  # committed while this process waited for the lease
+            if existing is not None:
+                path = str(store.library_path(key))
+                return CompileOutcome(existing, True, path, built_elsewhere=True, waited_seconds=lease.waited_seconds)
+            signature = model.signature
+            with store.staging(key) as staging:
+                job = BuildJob(
+                    model_bytes=model.data,
+                    bucket=bucket,
+                    dtypes={s.name: s.dtype for s in signature.inputs},
+                    input_names=signature.input_names,
+                    output_names=signature.output_names,
+                    target=target,
+                    library_path=str(staging / LIBRARY_NAME),
+                    rtol=options.rtol,
+                    atol=options.atol,
+                    seed=options.seed,
+                    simplify=options.simplify,
+                    tune_trials=options.tune_trials,
+                    tune_trials_per_task=options.tune_trials_per_task,
+                    database_dir=options.database_dir,
+                    index_limits=model.index_bounds.limits,
+                    progress_path=progress_path,
+                    verify_sizes=verify_sizes,
+                )
+                facts = run_in_child(
+                    builder,
+                    job,
+                    timeout=options.timeout_seconds,
+                    nice=options.nice,
+                    idle_priority=options.idle_priority,
+                    memory_limit=options.memory_limit_bytes,
+                )
+                manifest = Manifest(
+                    key=key,
+                    model_digest=model.digest,
+                    bucket={k: list(v) for k, v in bucket.items()},
+                    target=target,
+                    tvm_version=tvm_version(),
+                    options=options.key_options(),
+                    rtol=options.rtol,
+                    atol=options.atol,
+                    library_bytes=(staging / LIBRARY_NAME).stat().st_size,
+                    created_at=time.time(),
+                    **facts,
+                )
+                manifest = store.commit(staging, manifest)
+            return CompileOutcome(manifest, False, str(store.library_path(key)))
+    except LeaseTimeoutError as exc:
+        raise CompileTimeoutError(str(exc)) from None

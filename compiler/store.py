@@ -3,17 +3,28 @@
 An artifact is a directory ``artifacts/<k[:2]>/<key>/`` holding ``kernel.so``
 and ``manifest.json``. It is built in ``staging/`` and renamed into place in
 one step, so a crash never leaves a half artifact under its key.
+
+Several processes (replicas on one shared volume) may use one store: a key is
+built by one of them at a time, the holder of its lease (an exclusive file
+lock on ``leases/<key>.lock``, released by the kernel when the holder dies),
+and the others wait for the artifact and load it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
@@ -68,24 +79,92 @@ def artifact_key(
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
+FOREIGN_STAGING_SECONDS = 24 * 3600.0
+"""A private entry of another machine's process is removed once this old: its pids mean nothing here."""
+
+LEASE_POLL_SECONDS = 0.2
+
+
+def host_name() -> str:
+    """This machine (a pod, a container) as a private entry's name may hold it: no dots, no ``+``."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:63] or "localhost"
+
+
 def process_token(pid: int) -> str:
-    """``pid-starttime``: names one process for good. A pid alone comes back after a restart (in a
-    container the server is pid 1 every time), and its staging would never be swept."""
+    """``host+pid-starttime``: names one process for good. A pid alone comes back after a restart (in a
+    container the server is pid 1 every time), and replicas on one volume run on different hosts."""
     try:
         started = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
     except (OSError, IndexError):
-        return f"{pid}-0"
-    return f"{pid}-{started}"
+        started = "0"
+    return f"{host_name()}+{pid}-{started}"
 
 
-def _owner_alive(token: str) -> bool:
-    """Whether the process a staging entry names still runs (the very same process, not its pid reused)."""
-    pid_text, _, started = token.partition("-")
+def owner_alive(token: str, entry: Path) -> bool:
+    """Whether the process a private entry names may still use it: the very same process on this host,
+    or, for another host's process, an entry younger than :data:`FOREIGN_STAGING_SECONDS`."""
+    host, _, local = token.rpartition("+")
+    if host and host != host_name():
+        try:
+            return time.time() - entry.stat().st_mtime < FOREIGN_STAGING_SECONDS
+        except OSError:
+            return False
+    pid_text, _, started = local.partition("-")
     try:
         pid = int(pid_text)
     except ValueError:
         return False
-    return pid > 0 and Path(f"/proc/{pid}").exists() and process_token(pid) == f"{pid}-{started}"
+    return pid > 0 and Path(f"/proc/{pid}").exists() and process_token(pid) == f"{host_name()}+{pid}-{started}"
+
+
+class StagingArea:
+    """A directory of private entries named ``<kind>.<owner token>.<random>``, shared by every process on
+    the store. At start an entry is removed only once its owner is gone: a crash leaves nothing behind,
+    and a replica starting never removes another's build or upload in progress."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.token = process_token(os.getpid())
+
+    def entry(self, kind: str, suffix: str = "") -> Path:
+        """A fresh name for a private entry of this process (``kind`` without dots)."""
+        return self.directory / f"{kind}.{self.token}.{uuid.uuid4().hex[:8]}{suffix}"
+
+    def discard(self, path: Path) -> None:
+        """Remove ``path`` without a half-removed state at its name: renamed here first."""
+        doomed = self.entry("deleted")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def sweep(self) -> list[str]:
+        """Remove the entries whose owner is gone; returns their names."""
+        removed = []
+        for entry in self.directory.iterdir():
+            parts = entry.name.split(".")
+            if len(parts) >= 3 and owner_alive(parts[1], entry):
+                continue
+            removed.append(entry.name)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+        return removed
+
+
+@dataclass
+class Lease:
+    """This process's turn to build a key (``held``), or the wait ended because the artifact appeared."""
+
+    held: bool
+    waited_seconds: float
+    holder: str | None
+    """Who held the lease while this process waited (host, pid), if anyone did."""
+
+
+class LeaseTimeoutError(TimeoutError):
+    pass
 
 
 class ArtifactStore:
@@ -93,17 +172,11 @@ class ArtifactStore:
         self.root = Path(root)
         self.artifacts = self.root / "artifacts"
         self.staging_root = self.root / "staging"
+        self.leases = self.root / "leases"
         self.artifacts.mkdir(parents=True, exist_ok=True)
-        self.staging_root.mkdir(parents=True, exist_ok=True)
-        self._token = process_token(os.getpid())
-        self._sweep_staging()
-
-    def _sweep_staging(self) -> None:
-        """Remove staging dirs left by processes that died mid-compile."""
-        for entry in self.staging_root.iterdir():
-            parts = entry.name.split(".")
-            if len(parts) < 3 or not _owner_alive(parts[1]):
-                shutil.rmtree(entry, ignore_errors=True)
+        self.leases.mkdir(parents=True, exist_ok=True)
+        self.staging_area = StagingArea(self.staging_root)
+        self.staging_area.sweep()  # builds of processes that died mid-compile
 
     def path(self, key: str) -> Path:
         return self.artifacts / key[:2] / key
@@ -134,9 +207,8 @@ class ArtifactStore:
                     ok += 1
                     continue
                 removed.append(f"{entry.name}: {problem}")
-                doomed = self.staging_root / f"damaged.{self._token}.{uuid.uuid4().hex[:8]}"
-                os.rename(entry, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):  # another replica's check removed it first
+                    self.staging_area.discard(entry)
         return ok, removed
 
     @staticmethod
@@ -167,7 +239,7 @@ class ArtifactStore:
     @contextmanager
     def staging(self, key: str) -> Iterator[Path]:
         """A private directory to build into; removed unless committed."""
-        directory = self.staging_root / f"{key[:16]}.{self._token}.{uuid.uuid4().hex[:8]}"
+        directory = self.staging_area.entry(key[:16])
         directory.mkdir()
         try:
             yield directory
@@ -203,8 +275,55 @@ class ArtifactStore:
         directory = self.path(key)
         if not directory.exists():
             return False
-        # Rename first so readers never see a half-deleted artifact.
-        doomed = self.staging_root / f"deleted.{self._token}.{uuid.uuid4().hex[:8]}"
-        os.rename(directory, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            self.staging_area.discard(directory)  # readers never see a half-deleted artifact
+        except FileNotFoundError:
+            return False  # another process deleted it first
         return True
+
+    @contextmanager
+    def lease(self, key: str, *, max_wait: float, what: str = "compile") -> Iterator[Lease]:
+        """Wait for the turn to build ``key``: the lease, held until the block ends, or the artifact
+        committed by whoever held it (``Lease.held`` False). One builder per key across every process
+        on the store; a dead holder's lock is released by the kernel (by the NFS server once the
+        holder's host stops renewing), so the next waiter takes over.
+
+        Raises :class:`LeaseTimeoutError` after ``max_wait`` seconds of another holder."""
+        path = self.leases / f"{key}.lock"
+        started = time.monotonic()
+        holder = None
+        while True:
+            handle = open(path, "a+")  # noqa: SIM115 - held open for the whole block
+            if _try_lock(handle):
+                break
+            handle.seek(0)
+            holder = handle.read().strip() or holder
+            handle.close()
+            if self.get(key) is not None:
+                yield Lease(False, time.monotonic() - started, holder)
+                return
+            if time.monotonic() - started > max_wait:
+                raise LeaseTimeoutError(
+                    f"waited {max_wait:g} s for {holder or 'another process'} to build kernel {key[:16]}"
+                )
+            time.sleep(LEASE_POLL_SECONDS)
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({"host": host_name(), "pid": os.getpid(), "what": what}))
+            handle.flush()
+            yield Lease(True, time.monotonic() - started, holder)
+        finally:
+            if self.get(key) is not None:
+                # Built: whoever opens the file next finds the artifact before building anything.
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            handle.close()
+
+
+def _try_lock(handle) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

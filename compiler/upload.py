@@ -10,7 +10,6 @@ is one self-contained proto (protobuf caps that at 2 GiB).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tarfile
 import zipfile
@@ -20,6 +19,7 @@ import onnx
 
 from .errors import BadRequestError, InvalidModelError, PayloadTooLargeError
 from .model import LoadedModel, all_tensors, load_model, parse_model, validate_model
+from .store import StagingArea
 
 ZIP_MAGIC = b"PK\x03\x04"
 UPLOAD_MODEL_NAME = "model.upload"  # the uploaded model file (or archive) inside its upload folder
@@ -146,9 +146,9 @@ def remove_upload(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def upload_folder(root: Path) -> Path:
-    """A private folder for one upload under ``root`` (removed by :func:`remove_upload`)."""
-    root.mkdir(parents=True, exist_ok=True)
-    folder = root / f"upload.{os.getpid()}.{os.urandom(6).hex()}"
+def upload_folder(staging: StagingArea) -> Path:
+    """A private folder for one upload (removed by :func:`remove_upload`, or swept once its process
+    is gone)."""
+    folder = staging.entry("upload")
     folder.mkdir()
     return folder

@@ -43,7 +43,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         service.start()
         if settings.demo_model and not service.model_names:
-            service.register(DEMO_NAME, demo_model_bytes(), DEMO_CONFIG)
+            service.register_default(DEMO_NAME, demo_model_bytes(), DEMO_CONFIG)
             log.info("registered the built-in %r model", DEMO_NAME)
         yield
         service.close()

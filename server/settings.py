@@ -30,6 +30,10 @@ class Settings(CompileSettings):
     demo_model: bool = True
     """Register the built-in ``demo`` model when the model store is empty."""
 
+    model_watch_seconds: float = Field(1.0, ge=0)
+    """How often to look for models another replica on the same data dir uploaded, replaced or deleted
+    (0: never; one replica alone needs no watch)."""
+
     max_predict_bytes: int = 16 * 1024 * 1024
     """Largest accepted ``/predict`` (JSON) request body, in bytes."""
 

@@ -113,11 +113,14 @@ class Admission:
         parsed = self._parse_config(model, config)
         ort = self._ort(model, self._target(parsed))
         safety = self._check_padding(model, ort, parsed)
-        with self._lock:
+        with self._lock, self.models.locked():
             previous = self._previous(name, replace)
+            stored = self.models.latest_version(name)
+            if stored is not None and not replace:  # uploaded on another replica, not yet seen here
+                raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
             record = ModelRecord(
                 name=name,
-                version=previous.record.version + 1 if previous else 1,
+                version=max(stored or 0, previous.record.version if previous else 0) + 1,
                 digest=model.digest,
                 config=parsed,
                 safety=safety,
@@ -141,6 +144,28 @@ class Admission:
             self.registry.put(served)
             self.scheduler.enqueue_warm(served)
             return served
+
+    def follow_store(self, name: str) -> str | None:
+        """Catch up with what another replica did to ``name`` in the shared store: serve its newest
+        version, or stop serving it once deleted there. Returns the change made, if any."""
+        with self._lock:
+            served = self.registry.find(name)
+            with self.models.locked():  # a version read whole, never one being replaced under us
+                found = self.models.load(name) if self.models.latest_version(name) is not None else None
+            if found is None:
+                if served is None or self.models.latest_version(name) is not None:
+                    return None  # not served here, or stored but unreadable (logged)
+                self.registry.remove(name)
+                return "deleted"
+            record, data = found
+            if served is not None and served.record.version >= record.version:
+                return None
+            try:
+                self._serve_stored(record, data)
+            except JitServeError as exc:
+                log.error("cannot serve model %s v%d from the store: %s", name, record.version, exc)
+                return None
+            return "new_version" if served is not None else "new_model"
 
     def close(self) -> None:
         """Shutdown: a probe in progress ends (its upload answers 503)."""
@@ -169,8 +194,11 @@ class Admission:
                 check_sizes_fit(signature, {axis: policy.max}, limit, f"axes.{axis} dynamic max")
 
     def delete(self, name: str) -> None:
-        with self._lock:
-            self.registry.remove(name)
+        with self._lock, self.models.locked():
+            if self.registry.find(name) is not None:
+                self.registry.remove(name)
+            elif self.models.latest_version(name) is None:
+                raise NotFoundError(f"model {name!r} not found")
             self.models.delete(name)
 
     def build_served(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine | None = None) -> ServedModel:

@@ -71,6 +71,10 @@ class BucketBuilder:
             transient = isinstance(exc, CompileCrashedError | CompileTimeoutError)
             return TierBuild(None, str(exc), time.perf_counter() - started, transient)
         manifest = outcome.manifest
+        if outcome.built_elsewhere:
+            self.metrics.record_peer_build(model=name, tier=tier, seconds=outcome.waited_seconds)
+            log.info("%s %s %s was built by another process; waited %.1fs", tier, name, bucket.label,
+                     outcome.waited_seconds)  # fmt: skip
         if not outcome.cached:
             verdict = "ok" if manifest.verified else "verify_failed"
             self.metrics.record_compile(
@@ -126,7 +130,8 @@ class BucketBuilder:
             }
         )
         bucket.set_tuning(TuningStatus(state=TuningState.TUNING, trials=0, seconds=0.0))
-        watch = TuningWatch(self.kernels.artifacts.staging_root, bucket, self.metrics, model=served.name)
+        progress_path = self.kernels.artifacts.staging_area.entry("progress", ".json")
+        watch = TuningWatch(progress_path, bucket, self.metrics, model=served.name)
         watch.start()
         try:
             built = self._build(served, bucket, options, progress_path=str(watch.path))

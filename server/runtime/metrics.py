@@ -88,6 +88,25 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.peer_builds = Counter(
+            "jitserve_kernels_built_by_peers_total",
+            "Kernels this replica waited for while another process on the shared store built them (by tier).",
+            ["model", "tier"],
+            registry=r,
+        )
+        self.peer_wait = Histogram(
+            "jitserve_peer_build_wait_seconds",
+            "How long a compile waited for another process on the shared store to build the same kernel.",
+            buckets=COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.store_follows = Counter(
+            "jitserve_model_store_follows_total",
+            "Changes another replica made to the shared model store that this one followed "
+            "(new_model, new_version, deleted).",
+            ["change"],
+            registry=r,
+        )
         self.cache_evictions = Counter(
             "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache.", registry=r
         )
@@ -221,6 +240,13 @@ class Metrics:
 
     def record_reload(self, *, model: str) -> None:
         self.kernel_reloads.labels(model).inc()
+
+    def record_peer_build(self, *, model: str, tier: str, seconds: float) -> None:
+        self.peer_builds.labels(model, tier).inc()
+        self.peer_wait.observe(seconds)
+
+    def record_store_follow(self, *, change: str) -> None:
+        self.store_follows.labels(change).inc()
 
     def record_eviction(self) -> None:
         self.cache_evictions.inc()

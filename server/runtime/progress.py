@@ -5,10 +5,8 @@ tuning status and the trials metric."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +24,8 @@ class TuningWatch:
     """Follows a tuning child's progress file: live trials and best time in the bucket's tuning
     status and in the trials metric while tuning runs."""
 
-    def __init__(self, folder: Path, bucket: ServedBucket, metrics: Metrics, *, model: str, interval: float = 0.5):
-        self.path = folder / f"progress.{os.getpid()}.{uuid.uuid4().hex[:8]}.json"
+    def __init__(self, path: Path, bucket: ServedBucket, metrics: Metrics, *, model: str, interval: float = 0.5):
+        self.path = path
         self.bucket = bucket
         self.metrics = metrics
         self.model = model

@@ -4,15 +4,22 @@
 A version directory is written in ``models/.staging`` and renamed into place,
 so a crash never leaves a half-written model; the newest complete version is
 the current one, older ones are removed once a new one is in place.
+
+Replicas on one shared volume share the store: versions are numbered, and
+records rewritten, under a file lock on ``models/.lock``, so two replicas
+never take one version number or lose each other's bucket records.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
-import shutil
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.errors import BadRequestError
 from compiler.model import model_digest
+from compiler.store import StagingArea
 
 from .batcher import DynamicBatching
 from .state import TuningStatus
@@ -113,10 +121,21 @@ def _write_atomic(path: Path, text: str) -> None:
 class ModelStore:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
-        self.staging = self.root / ".staging"
         self.root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.staging, ignore_errors=True)
-        self.staging.mkdir()
+        self.staging_area = StagingArea(self.root / ".staging")
+        self.staging_area.sweep()  # uploads and versions half-written by processes that died
+        self.staging = self.staging_area.directory
+        self._thread_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The store to this thread alone, across every process on it. Not reentrant."""
+        with self._thread_lock, open(self.root / ".lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _versions(self, name: str) -> list[int]:
         # A name no upload could take is never stored: and never a path (too long, or the store's own).
@@ -134,13 +153,23 @@ class ModelStore:
     def _dir(self, name: str, version: int) -> Path:
         return self.root / name / f"v{version}"
 
+    def latest_version(self, name: str) -> int | None:
+        versions = self._versions(name)
+        return versions[-1] if versions else None
+
     def names(self) -> list[str]:
         """Every stored model, served or not."""
-        return sorted(
-            entry.name
-            for entry in self.root.iterdir()
-            if not entry.name.startswith(".") and MODEL_NAME.match(entry.name) and self._versions(entry.name)
-        )
+        return sorted(self.current_versions())
+
+    def current_versions(self) -> dict[str, int]:
+        """Every stored model's newest version: what a replica compares to notice another one's changes."""
+        found = {}
+        for entry in self.root.iterdir():
+            if not entry.name.startswith(".") and MODEL_NAME.match(entry.name):
+                version = self.latest_version(entry.name)
+                if version is not None:
+                    found[entry.name] = version
+        return found
 
     def load(self, name: str) -> tuple[ModelRecord, bytes] | None:
         """The newest complete version of ``name``; None when there is none or it is damaged."""
@@ -167,24 +196,32 @@ class ModelStore:
         return found, len(names) - len(found)
 
     def save(self, record: ModelRecord, data: bytes) -> None:
-        """Write a new version in one rename, then drop the older versions."""
-        staged = self.staging / f"{record.name}.{uuid.uuid4().hex[:8]}"
+        """Write a new version in one rename, then drop the older versions (hold :meth:`locked`)."""
+        staged = self.staging_area.entry("version")
         staged.mkdir()
         (staged / MODEL_FILE).write_bytes(data)
         _write_atomic(staged / RECORD_FILE, record.model_dump_json(indent=2))
         (self.root / record.name).mkdir(exist_ok=True)
         os.rename(staged, self._dir(record.name, record.version))
         for version in self._versions(record.name)[:-1]:
-            shutil.rmtree(self._dir(record.name, version), ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                self.staging_area.discard(self._dir(record.name, version))
 
-    def update_record(self, record: ModelRecord) -> None:
-        directory = self._dir(record.name, record.version)
-        if directory.is_dir():
-            _write_atomic(directory / RECORD_FILE, record.model_dump_json(indent=2))
+    def update_bucket(self, record: ModelRecord, label: str) -> None:
+        """Persist one bucket's record into the stored version, keeping the buckets other replicas
+        recorded there since this one read it."""
+        with self.locked():
+            directory = self._dir(record.name, record.version)
+            try:
+                stored = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
+            except (OSError, ValueError):
+                return  # replaced or deleted meanwhile: the record goes with its version
+            stored.buckets[label] = record.buckets[label]
+            _write_atomic(directory / RECORD_FILE, stored.model_dump_json(indent=2))
 
     def delete(self, name: str) -> None:
+        """Remove every version of ``name`` (hold :meth:`locked`)."""
         directory = self.root / name
         if MODEL_NAME.match(name) and directory.is_dir():
-            doomed = self.staging / f"deleted.{name}.{uuid.uuid4().hex[:8]}"
-            os.rename(directory, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                self.staging_area.discard(directory)

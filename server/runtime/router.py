@@ -120,4 +120,4 @@ class Router:
             tuned_key=bucket.tuned_key,
             tuning=bucket.tuning,
         )
-        self.models.update_record(served.record)
+        self.models.update_bucket(served.record, bucket.label)

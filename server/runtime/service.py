@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compiler.build import compile_bucket
-from compiler.errors import JitServeError
+from compiler.errors import ConflictError, JitServeError
 from compiler.model import load_model
 from compiler.store import ArtifactStore
 from compiler.threads import apply_thread_plan
@@ -37,6 +37,7 @@ from .records import ModelStore
 from .registry import Registry, ServedModel
 from .router import Router
 from .scheduler import CompileScheduler
+from .store_watch import StoreWatch
 from .tuner import BackgroundTuner
 
 T = TypeVar("T")
@@ -95,6 +96,9 @@ class ModelService:
             start_batcher=self._start_batcher,
         )
         self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
+        self.store_watch = StoreWatch(
+            self.models_store, self.admission.follow_store, metrics, interval=settings.model_watch_seconds
+        )
         self.body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
         self.json_parsers = JsonParsers(settings.json_parse_processes)
 
@@ -105,6 +109,7 @@ class ModelService:
         kernels_ok, removed = self.artifacts.check()
         for problem in removed:
             log.warning("store check: removed damaged kernel %s", problem)
+        self.store_watch.remember()
         models_ok, models_skipped = self.admission.restore_stored()
         log.info(
             "store check: %d kernels ok, %d damaged removed; %d models served, %d skipped",
@@ -114,11 +119,13 @@ class ModelService:
         self.metrics.set_store_check(store="models", ok=models_ok, damaged=models_skipped)
         if self.jit_enabled and self.settings.tuning_enabled:
             self.tuner.start()
+        self.store_watch.start()
 
     def close(self) -> None:
         """Shutdown: models retired first (a compile killed now records nothing), then compile and
         tuning children killed, so their threads return at once."""
         self.admission.close()
+        self.store_watch.stop()
         self.tuner.stop()
         for served in self.registry.all():
             served.retire()
@@ -158,9 +165,17 @@ class ModelService:
         load = partial(load_model, data, max_bytes=self.settings.max_model_bytes)
         return self._describe(self.admission.register(name, load, config, replace=replace))
 
+    def register_default(self, name: str, data: bytes, config: dict) -> None:
+        """Serve a built-in model on an empty store. Replicas starting together on one store race for
+        it: the ones that lose serve the winner's."""
+        try:
+            self.register(name, data, config)
+        except ConflictError:
+            self.admission.follow_store(name)
+
     def new_upload_folder(self) -> Path:
         """A private folder to receive one upload into; cleared at start if a crash leaves it behind."""
-        return upload_folder(self.models_store.staging)
+        return upload_folder(self.models_store.staging_area)
 
     def register_upload(self, name: str, folder: Path, config: dict | None = None, *, replace: bool = False) -> dict:
         """Serve the model an upload folder holds (with its external data, or as an archive)."""
