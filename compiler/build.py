@@ -29,6 +29,8 @@ class CompileOutcome:
     built_elsewhere: bool = False
     """Another process on the store built it while this one waited for the key's lease."""
     waited_seconds: float = 0.0
+    took_over_from: str | None = None
+    """Who held the key's lease before this process built it (and ended without a kernel: died or failed)."""
 
 
 def bucket_key(model: LoadedModel, bucket: Bucket, target: dict, options: CompileOptions) -> str:
@@ -115,6 +117,7 @@ def compile_bucket(
                     **facts,
                 )
                 manifest = store.commit(staging, manifest)
-            return CompileOutcome(manifest, False, str(store.library_path(key)))
+            path, waited = str(store.library_path(key)), lease.waited_seconds
+            return CompileOutcome(manifest, False, path, waited_seconds=waited, took_over_from=lease.holder)
     except LeaseTimeoutError as exc:
         raise CompileTimeoutError(str(exc)) from None

@@ -75,6 +75,10 @@ class BucketBuilder:
             self.metrics.record_peer_build(model=name, tier=tier, seconds=outcome.waited_seconds)
             log.info("%s %s %s was built by another process; waited %.1fs", tier, name, bucket.label,
                      outcome.waited_seconds)  # fmt: skip
+        if outcome.took_over_from:
+            self.metrics.record_lease_takeover()
+            log.warning("%s %s %s: took over the build lease from %s after %.1fs", tier, name, bucket.label,
+                        outcome.took_over_from, outcome.waited_seconds)  # fmt: skip
         if not outcome.cached:
             verdict = "ok" if manifest.verified else "verify_failed"
             self.metrics.record_compile(

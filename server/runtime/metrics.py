@@ -100,6 +100,11 @@ class Metrics:
             buckets=COMPILE_BUCKETS,
             registry=r,
         )
+        self.lease_takeovers = Counter(
+            "jitserve_compile_lease_takeovers_total",
+            "Kernels built here after the process holding their build lease ended without one (died or failed).",
+            registry=r,
+        )
         self.store_follows = Counter(
             "jitserve_model_store_follows_total",
             "Changes another replica made to the shared model store that this one followed "
@@ -244,6 +249,9 @@ class Metrics:
     def record_peer_build(self, *, model: str, tier: str, seconds: float) -> None:
         self.peer_builds.labels(model, tier).inc()
         self.peer_wait.observe(seconds)
+
+    def record_lease_takeover(self) -> None:
+        self.lease_takeovers.inc()
 
     def record_store_follow(self, *, change: str) -> None:
         self.store_follows.labels(change).inc()
