@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,8 +17,10 @@ from compiler.store import (
     LIBRARY_NAME,
     MANIFEST_NAME,
     ArtifactStore,
+    LeaseTimeoutError,
     Manifest,
     artifact_key,
+    host_name,
     process_token,
     tvm_version,
 )
@@ -279,3 +282,81 @@ def test_check_removes_damaged_artifacts_and_keeps_sound_ones(tmp_path):
     assert store.get(sound) is not None
     assert list(store.staging_root.iterdir()) == []
     assert store.check() == (1, [])
+
+
+# --- several processes on one store ------------------------------------------
+
+
+def test_open_keeps_another_hosts_staging_until_it_is_a_day_old(tmp_path):
+    """Replicas on a shared volume run on other hosts: their pids mean nothing here."""
+    ArtifactStore(tmp_path)
+    staging_root = tmp_path / "staging"
+    other_host = "replica-b" if host_name() != "replica-b" else "replica-c"
+    fresh = staging_root / f"{'0' * 16}.{other_host}+1-100.deadbeef"
+    stale = staging_root / f"{'1' * 16}.{other_host}+1-100.cafebabe"
+    here_dead = staging_root / f"{'2' * 16}.{host_name()}+{_dead_pid()}-1.cafebabe"
+    for directory in (fresh, stale, here_dead):
+        directory.mkdir()
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(stale, (two_days_ago, two_days_ago))
+
+    ArtifactStore(tmp_path)
+    assert sorted(p.name for p in staging_root.iterdir()) == [fresh.name]
+
+
+HOLD_LEASE = """
+import sys, time
+from compiler.store import ArtifactStore
+store = ArtifactStore(sys.argv[1])
+with store.lease(sys.argv[2], max_wait=60) as lease:
+    print("held" if lease.held else "not held", flush=True)
+    if sys.argv[3] == "commit":
+        from tests.compiler.test_store import _commit
+        time.sleep(0.5)
+        _commit(store, sys.argv[2])
+    else:
+        time.sleep(600)
+"""
+
+
+def _hold_lease(tmp_path, key: str, then: str) -> subprocess.Popen:
+    """Another process on the store, holding the build lease of ``key`` (sleeping, or committing it)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LEASE, str(tmp_path), key, then], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_lease_is_held_by_one_process_and_taken_over_when_its_holder_is_killed(tmp_path):
+    store = ArtifactStore(tmp_path)
+    key = artifact_key(*KEY_ARGS)
+    holder = _hold_lease(tmp_path, key, "sleep")
+    try:
+        with pytest.raises(LeaseTimeoutError, match=f'"pid": {holder.pid}'), store.lease(key, max_wait=0.5):
+            pass
+        killer = threading.Timer(1.0, holder.kill)
+        killer.start()
+        started = time.monotonic()
+        with store.lease(key, max_wait=30) as lease:
+            waited = time.monotonic() - started
+            assert lease.held
+            assert f'"pid": {holder.pid}' in lease.holder  # who held it before: the killed process
+        assert 0.9 < waited < 3.0  # taken over at once, not after some expiry
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_waiter_finds_the_kernel_its_lease_holder_committed(tmp_path):
+    store = ArtifactStore(tmp_path)
+    key = artifact_key(*KEY_ARGS)
+    holder = _hold_lease(tmp_path, key, "commit")
+    try:
+        with store.lease(key, max_wait=30) as lease:
+            assert store.get(key) is not None  # built by the holder: nothing left to build
+            assert lease.holder is not None
+        assert holder.wait(30) == 0
+    finally:
+        holder.kill()
+    assert not (store.leases / f"{key}.lock").exists()  # gone once its kernel is there
