@@ -62,6 +62,8 @@ class Manifest(BaseModel):
     library_bytes: int
     created_at: float
     tuning: dict | None = None
+    schedule_digest: str | None = None
+    """sha256 of the kernel's scheduled TIR: the same for every compile that applied the same schedules."""
 
 
 def artifact_key(

@@ -82,11 +82,18 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[
         raise CompileError(f"TVM import failed: {type(exc).__name__}: {_last_line(exc)}") from None
 
 
-def compile_relax(mod, target_dict: dict, database=None, stage_seconds: dict[str, float] | None = None):
-    """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages."""
+def compile_relax(
+    mod,
+    target_dict: dict,
+    database=None,
+    stage_seconds: dict[str, float] | None = None,
+    observed: dict[str, str] | None = None,
+):
+    """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest."""
     target = tvm.target.Target(target_dict)
     try:
-        return tvm.compile(mod, target, relax_pipeline=build_pipeline(target, database, stage_seconds))
+        pipeline = build_pipeline(target, database, stage_seconds, observed)
+        return tvm.compile(mod, target, relax_pipeline=pipeline)
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
 
@@ -137,7 +144,9 @@ def build_and_verify(job: BuildJob) -> dict:
         )
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}
-    executable = compile_relax(mod, job.target, open_shared_database(job.database_dir), pipeline_stages)
+    observed: dict[str, str] = {}
+    executable = compile_relax(mod, job.target, open_shared_database(job.database_dir), pipeline_stages, observed)
+    facts["schedule_digest"] = observed.get("schedule_digest")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")

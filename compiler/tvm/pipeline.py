@@ -13,6 +13,7 @@ compile child only (imports TVM). The stages' identity in artifact keys is
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import tvm
@@ -54,10 +55,23 @@ def default_schedule_pass(target: tvm.target.Target):
     return dl.ApplyDefaultSchedule(*default_cpu_rules())
 
 
+def schedule_digest(mod: tvm.ir.IRModule) -> str:
+    """sha256 of the scheduled TIR functions: two compiles that chose the same schedules (from the same
+    tuning records) have the same digest, whichever process or machine tuned them."""
+    functions = sorted(
+        (gv.name_hint, func.script()) for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)
+    )
+    return hashlib.sha256("\n".join(text for _, text in functions).encode()).hexdigest()
+
+
 def build_pipeline(
-    target: tvm.target.Target, database=None, stage_seconds: dict[str, float] | None = None
+    target: tvm.target.Target,
+    database=None,
+    stage_seconds: dict[str, float] | None = None,
+    observed: dict[str, str] | None = None,
 ) -> tvm.transform.Pass:
-    """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time."""
+    """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time and
+    ``observed`` the ``schedule_digest`` of the scheduled module."""
     backend = _backend(target)
 
     def stages() -> list[tuple[str, list]]:
@@ -76,6 +90,8 @@ def build_pipeline(
             mod = tvm.transform.Sequential(passes)(mod)
             if stage_seconds is not None:
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
+            if name == "schedule" and observed is not None:
+                observed["schedule_digest"] = schedule_digest(mod)
         return mod
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_pipeline")
