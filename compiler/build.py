@@ -91,6 +91,8 @@ def compile_bucket(
                     tune_trials=options.tune_trials,
                     tune_trials_per_task=options.tune_trials_per_task,
                     database_dir=options.database_dir,
+                    rpc_tracker=options.rpc_tracker,
+                    rpc_key=options.rpc_key,
                     index_limits=model.index_bounds.limits,
                     progress_path=progress_path,
                     verify_sizes=verify_sizes,

@@ -69,6 +69,8 @@ class CompileOptions(BaseModel):
     tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
     tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
     database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
+    rpc_tracker: str | None = Field(None, description="host:port of a TVM RPC tracker measuring tuning candidates")
+    rpc_key: str = Field("jitserve", description="device key of the tracker's RPC servers")
     nice: int = Field(0, ge=0, le=19, description="niceness added to the compile child: below serving")
     idle_priority: bool = Field(
         False, description="compile child in Linux's idle scheduling class: it runs on what serving leaves idle"
@@ -110,6 +112,9 @@ class BuildJob:
     tune_trials: int = 0
     tune_trials_per_task: int = 64
     database_dir: str | None = None
+    rpc_tracker: str | None = None
+    """``host:port`` of the TVM RPC tracker whose servers measure tuning candidates (None: this machine)."""
+    rpc_key: str = "jitserve"
     index_limits: dict[str, int] | None = None
     """input -> size of the dimension it indexes: verification inputs stay below it."""
     progress_path: str | None = None

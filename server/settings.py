@@ -175,6 +175,13 @@ class Settings(CompileSettings):
     tuning_interval_seconds: float = Field(30.0, gt=0)
     """How often the background tuner looks for a bucket to tune."""
 
+    tuning_rpc_tracker: str | None = Field(None, pattern=r"^[^:\s]+:[0-9]{1,5}$")
+    """``host:port`` of a TVM RPC tracker: tuning measures its candidates on the RPC servers registered
+    there under ``tuning_rpc_key`` (a tuning box or idle replicas), not on this machine (none: here)."""
+
+    tuning_rpc_key: str = Field("jitserve", pattern=r"^[A-Za-z0-9_.-]+$")
+    """The device key the tracker's RPC servers registered under (``rpc_server --key``)."""
+
     @property
     def model_store_dir(self) -> Path:
         """Uploaded models, one directory per name and version."""

@@ -141,6 +141,7 @@ def build_and_verify(job: BuildJob) -> dict:
             trials_per_task=job.tune_trials_per_task,
             database_dir=job.database_dir,
             progress_path=job.progress_path,
+            rpc=(job.rpc_tracker, job.rpc_key) if job.rpc_tracker else None,
         )
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}

@@ -25,8 +25,12 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from ..errors import CompileError
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
+
+RPC_SESSION_SECONDS = 120
+"""One candidate's measurement over RPC (upload, load, run) may take this long."""
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -107,9 +111,17 @@ def merge_into_shared(directory: str, run_database) -> int:
 
 
 def tune(
-    mod, target_dict: dict, *, trials: int, trials_per_task: int, database_dir: str, progress_path: str | None = None
+    mod,
+    target_dict: dict,
+    *,
+    trials: int,
+    trials_per_task: int,
+    database_dir: str,
+    progress_path: str | None = None,
+    rpc: tuple[str, str] | None = None,
 ) -> dict:
-    """Tune every task of the fused module; merge the records into the shared database."""
+    """Tune every task of the fused module; merge the records into the shared database. With ``rpc``
+    (tracker ``host:port``, device key) the candidates are measured on the tracker's RPC servers."""
     # Below serving: tuning must not starve requests. SCHED_IDLE runs only on otherwise idle
     # cores (and is inherited by MetaSchedule's builder and runner processes); nice 19 where
     # the policy is not available.
@@ -127,6 +139,7 @@ def tune(
             work_dir=work_dir,
             database_dir=database_dir,
             progress_path=progress_path,
+            rpc=rpc,
         )
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -141,6 +154,7 @@ def _tune(
     work_dir: str,
     database_dir: str,
     progress_path: str | None,
+    rpc: tuple[str, str] | None,
 ) -> dict:
     started = time.perf_counter()
     # MetaSchedule logs every iteration to stdout, where the CLI prints its results: warnings
@@ -156,7 +170,7 @@ def _tune(
     if progress_path:
         callbacks = [*callbacks, progress_callback(progress_path, [float(w) for w in weights])]
     builder = ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120)
-    runner = ms.runner.LocalRunner()
+    runner, where = make_runner(rpc)
     seeded = record_default_schedules(tasks, target, run_database, builder, runner)
     with contextlib.redirect_stdout(sys.stderr):
         ms.tune_tasks(
@@ -178,7 +192,29 @@ def _tune(
         "trials": trials_run,
         "default_schedules": seeded,
         "tune_seconds": time.perf_counter() - started,
+        "measured_on": where,
     }
+
+
+def make_runner(rpc: tuple[str, str] | None):
+    """MetaSchedule's runner and where it measures: here, or on the RPC servers a tracker holds for a key
+    (as many at once as are free)."""
+    if rpc is None:
+        return ms.runner.LocalRunner(), "local"
+    tracker, key = rpc
+    host, _, port = tracker.rpartition(":")
+    try:
+        summary = tvm.rpc.connect_tracker(host, int(port)).summary()
+    except Exception as exc:  # noqa: BLE001 - socket errors and TVM's own
+        raise CompileError(f"RPC tracker {tracker} cannot be reached: {exc}") from None
+    queue = summary.get("queue_info", {}).get(key, {})
+    servers = int(queue.get("free", 0)) + int(queue.get("pending", 0))
+    if servers < 1:
+        raise CompileError(f"RPC tracker {tracker} has no server registered under key {key!r}")
+    config = ms.runner.RPCConfig(
+        tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=RPC_SESSION_SECONDS
+    )
+    return ms.runner.RPCRunner(rpc_config=config, max_workers=servers), f"rpc {tracker} {key} x{servers}"
 
 
 def record_default_schedules(tasks, target, database, builder, runner) -> int:

@@ -131,6 +131,8 @@ class BucketBuilder:
                 "tune_trials": s.tune_trials_per_bucket,
                 "tune_trials_per_task": s.tune_trials_per_task,
                 "timeout_seconds": s.tuning_seconds_per_bucket,
+                "rpc_tracker": s.tuning_rpc_tracker,
+                "rpc_key": s.tuning_rpc_key,
             }
         )
         bucket.set_tuning(TuningStatus(state=TuningState.TUNING, trials=0, seconds=0.0))

@@ -11,10 +11,12 @@ import pytest
 
 from compiler.build import compile_bucket
 from compiler.demo import demo_model_bytes
+from compiler.errors import CompileError
 from compiler.model import load_model
 from compiler.options import CompileOptions
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
+from tests.rpcfleet import RpcFleet
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +86,41 @@ def test_tuning_round_trip_through_the_shared_database(tmp_path):
     assert second["records"] > first["records"]
     assert set(first["scheduled"]) <= set(second["scheduled"])
     assert not list(database_dir.glob(".merge-*"))
+
+
+def test_tuning_over_rpc_measures_on_the_fleet_and_every_replica_compiles_the_same_kernel_from_its_records(
+    tmp_path,
+):
+    """A tuning box's RPC servers measure the candidates; the records land in the shared database, and a
+    replica compiling from them (no tuning of its own) gets the very kernel the tuning compile built."""
+    database_dir = tmp_path / "tuning"
+    model = load_model(demo_model_bytes(), max_bytes=1 << 20)
+    target = resolve_target("llvm")
+    fleet = RpcFleet(tmp_path, servers=2).start()
+    try:
+        rpc = {"rpc_tracker": fleet.tracker, "rpc_key": fleet.key}
+        tuned = CompileOptions(tune_trials=8, tune_trials_per_task=4, database_dir=str(database_dir), **rpc)
+        outcome = compile_bucket(model, {"x": (8, 4)}, target, ArtifactStore(tmp_path / "replica-a"), tuned)
+        measured = fleet.measurements()
+        with pytest.raises(CompileError, match="no server registered under key 'elsewhere'"):
+            nowhere = tuned.model_copy(update={"rpc_key": "elsewhere"})
+            compile_bucket(model, {"x": (16, 4)}, target, ArtifactStore(tmp_path / "replica-a"), nowhere)
+    finally:
+        fleet.stop()
+    manifest = outcome.manifest
+    assert manifest.verified is True, manifest.verification
+    assert manifest.tuning["measured_on"] == f"rpc {fleet.tracker} {fleet.key} x2"
+    assert manifest.tuning["trials"] >= 1
+    print(f"\ncandidates measured per RPC server: {measured}")
+    assert min(measured) >= 1  # both servers measured candidates
+    assert sum(measured) == manifest.tuning["trials"] + manifest.tuning["default_schedules"]
+
+    replica = compile_bucket(
+        model,
+        {"x": (8, 4)},
+        target,
+        ArtifactStore(tmp_path / "replica-b"),
+        CompileOptions(database_dir=str(database_dir)),
+    )
+    assert replica.manifest.verified is True
+    assert replica.manifest.schedule_digest == manifest.schedule_digest
