@@ -155,6 +155,7 @@ class BucketBuilder:
             tasks=facts.get("tasks"),
             seconds=round(facts.get("tune_seconds", built.seconds), 1),
             reason=built.failure,
+            measured_on=facts.get("measured_on"),
         )
         if built.failure:
             bucket.set_tuning(status)

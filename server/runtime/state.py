@@ -61,6 +61,8 @@ class TuningStatus(BaseModel):
     tasks: int | None = None
     seconds: float | None = None
     reason: str | None = None
+    measured_on: str | None = None
+    """Where the candidates ran: ``local``, or ``rpc <tracker> <key> x<servers>``."""
 
     @model_serializer(mode="wrap")
     def _only_known(self, handler) -> dict:

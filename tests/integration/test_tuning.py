@@ -10,6 +10,7 @@ import pytest
 from compiler.demo import demo_model_bytes
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import upload
+from tests.rpcfleet import RpcFleet
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +85,54 @@ def test_tuned_kernel_hot_swaps_under_load_and_survives_restart(tmp_path):
     finally:
         stop.set()
         server.stop()
+
+
+def test_two_replicas_tune_a_bucket_once_over_rpc_and_both_serve_the_tuned_kernel(tmp_path):
+    """Tuning measured on a tracker's RPC servers, once for the fleet: the other replica's tuner waits for
+    the tuned kernel and loads it."""
+    fleet = RpcFleet(tmp_path, servers=2).start()
+    rpc = {"tuning_rpc_tracker": fleet.tracker, "tuning_rpc_key": fleet.key}
+    replicas = []
+    stop = threading.Event()
+    x = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32).tolist()
+
+    def hammer(server):
+        with server.client() as client:
+            while not stop.is_set():
+                assert client.post("/models/mlp/predict", json={"inputs": {"x": x}}).status_code == 200
+
+    try:
+        for _ in range(2):
+            replicas.append(ServerProcess(tmp_path / "data", **TUNING, **rpc).start())
+        with replicas[0].client() as client:
+            assert upload(client, "mlp", demo_model_bytes()).status_code == 201
+        with replicas[1].client() as client:  # followed from the shared store
+            wait_until(lambda: client.get("/models/mlp").status_code == 200, timeout=30)
+        threads = [threading.Thread(target=hammer, args=(server,)) for server in replicas]
+        for thread in threads:
+            thread.start()
+        tuned = []
+        for server in replicas:
+            with server.client() as client:
+                wait_until(lambda c=client: (bucket(c).get("tuning") or {}).get("state") in ("done", "failed"), 300)
+                tuned.append(bucket(client))
+                tuned[-1]["metrics"] = client.get("/metrics").text
+        stop.set()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        for server in replicas:
+            server.stop()
+        fleet.stop()
+    for status in tuned:
+        assert status["tuning"]["state"] == "done", status
+        assert status["engine"] == "tvm-tuned"
+    compiles = [
+        metric_value(s["metrics"], "jitserve_compiles_total", model="mlp", tier="tvm-tuned", outcome="ok")
+        for s in tuned
+    ]
+    assert sorted(compiles) == [0, 1]  # tuned once for the fleet
+    tuner = tuned[compiles.index(1)]
+    assert tuner["tuning"]["measured_on"] == f"rpc {fleet.tracker} {fleet.key} x2"
+    assert sum(fleet.measurements()) >= tuner["tuning"]["trials"] >= 1
