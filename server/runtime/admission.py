@@ -132,7 +132,7 @@ class Admission:
             except BadRequestError as exc:
                 raise BadRequestError(f"config warm_buckets: {exc}") from None
             try:
-                self._check_warm_sizes(served)
+                check_warm_sizes(served, self.settings.max_tensor_bytes)
                 warm = [bucket for bucket in served.all_buckets() if bucket.warm]
                 free = self.scheduler.free_slots
                 if self.scheduler.enabled and len(warm) > free:
@@ -176,22 +176,6 @@ class Admission:
         if previous is not None and not replace:
             raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
         return previous
-
-    def _check_warm_sizes(self, served: ServedModel) -> None:
-        """Warm buckets are compiled and verified at their bucket shapes; dynamic axes at their range's end."""
-        limit = self.settings.max_tensor_bytes
-        signature = served.model.signature
-        for bucket in served.all_buckets():
-            sizes = {
-                axis: dim
-                for spec in signature.inputs
-                for index, axis in spec.symbolic_axes()
-                if isinstance(dim := bucket.bucket[spec.name][index], int)
-            }
-            check_sizes_fit(signature, sizes, limit, f"warm bucket {bucket.label}")
-        for axis, policy in served.planner.policies.items():
-            if policy.kind == "dynamic":
-                check_sizes_fit(signature, {axis: policy.max}, limit, f"axes.{axis} dynamic max")
 
     def delete(self, name: str) -> None:
         with self._lock, self.models.locked():
@@ -307,6 +291,22 @@ class Admission:
             seconds=self.settings.probe_seconds,
             cancelled=self.closing,
         )
+
+
+def check_warm_sizes(served: ServedModel, limit: int) -> None:
+    """Warm buckets are compiled and verified at their bucket shapes; dynamic axes at their range's end."""
+    signature = served.model.signature
+    for bucket in served.all_buckets():
+        sizes = {
+            axis: dim
+            for spec in signature.inputs
+            for index, axis in spec.symbolic_axes()
+            if isinstance(dim := bucket.bucket[spec.name][index], int)
+        }
+        check_sizes_fit(signature, sizes, limit, f"warm bucket {bucket.label}")
+    for axis, policy in served.planner.policies.items():
+        if policy.kind == "dynamic":
+            check_sizes_fit(signature, {axis: policy.max}, limit, f"axes.{axis} dynamic max")
 
 
 def _probe_sizes(signature, config: ModelConfig) -> dict[str, int]:

@@ -72,11 +72,11 @@ class BucketBuilder:
             return TierBuild(None, str(exc), time.perf_counter() - started, transient)
         manifest = outcome.manifest
         if outcome.built_elsewhere:
-            self.metrics.record_peer_build(model=name, tier=tier, seconds=outcome.waited_seconds)
+            self.metrics.fleet.record_peer_build(model=name, tier=tier, seconds=outcome.waited_seconds)
             log.info("%s %s %s was built by another process; waited %.1fs", tier, name, bucket.label,
                      outcome.waited_seconds)  # fmt: skip
         if outcome.took_over_from:
-            self.metrics.record_lease_takeover()
+            self.metrics.fleet.record_lease_takeover()
             log.warning("%s %s %s: took over the build lease from %s after %.1fs", tier, name, bucket.label,
                         outcome.took_over_from, outcome.waited_seconds)  # fmt: skip
         if not outcome.cached:

@@ -88,30 +88,7 @@ class Metrics:
             ["model"],
             registry=r,
         )
-        self.peer_builds = Counter(
-            "jitserve_kernels_built_by_peers_total",
-            "Kernels this replica waited for while another process on the shared store built them (by tier).",
-            ["model", "tier"],
-            registry=r,
-        )
-        self.peer_wait = Histogram(
-            "jitserve_peer_build_wait_seconds",
-            "How long a compile waited for another process on the shared store to build the same kernel.",
-            buckets=COMPILE_BUCKETS,
-            registry=r,
-        )
-        self.lease_takeovers = Counter(
-            "jitserve_compile_lease_takeovers_total",
-            "Kernels built here after the process holding their build lease ended without one (died or failed).",
-            registry=r,
-        )
-        self.store_follows = Counter(
-            "jitserve_model_store_follows_total",
-            "Changes another replica made to the shared model store that this one followed "
-            "(new_model, new_version, deleted).",
-            ["change"],
-            registry=r,
-        )
+        self.fleet = FleetMetrics(r)
         self.cache_evictions = Counter(
             "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache.", registry=r
         )
@@ -246,16 +223,6 @@ class Metrics:
     def record_reload(self, *, model: str) -> None:
         self.kernel_reloads.labels(model).inc()
 
-    def record_peer_build(self, *, model: str, tier: str, seconds: float) -> None:
-        self.peer_builds.labels(model, tier).inc()
-        self.peer_wait.observe(seconds)
-
-    def record_lease_takeover(self) -> None:
-        self.lease_takeovers.inc()
-
-    def record_store_follow(self, *, change: str) -> None:
-        self.store_follows.labels(change).inc()
-
     def record_eviction(self) -> None:
         self.cache_evictions.inc()
 
@@ -296,3 +263,43 @@ class Metrics:
         for refresh in self._before_scrape:
             refresh()
         return generate_latest(self.registry)
+
+
+class FleetMetrics:
+    """The metrics of replicas sharing one store: builds waited for, leases taken over, changes followed."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.peer_builds = Counter(
+            "jitserve_kernels_built_by_peers_total",
+            "Kernels this replica waited for while another process on the shared store built them (by tier).",
+            ["model", "tier"],
+            registry=registry,
+        )
+        self.peer_wait = Histogram(
+            "jitserve_peer_build_wait_seconds",
+            "How long a compile waited for another process on the shared store to build the same kernel.",
+            buckets=COMPILE_BUCKETS,
+            registry=registry,
+        )
+        self.lease_takeovers = Counter(
+            "jitserve_compile_lease_takeovers_total",
+            "Kernels built here after the process holding their build lease ended without one (died or failed).",
+            registry=registry,
+        )
+        self.store_follows = Counter(
+            "jitserve_model_store_follows_total",
+            "Changes another replica made to the shared model store that this one followed "
+            "(new_model, new_version, deleted).",
+            ["change"],
+            registry=registry,
+        )
+
+    def record_peer_build(self, *, model: str, tier: str, seconds: float) -> None:
+        self.peer_builds.labels(model, tier).inc()
+        self.peer_wait.observe(seconds)
+
+    def record_lease_takeover(self) -> None:
+        self.lease_takeovers.inc()
+
+    def record_store_follow(self, *, change: str) -> None:
+        self.store_follows.labels(change).inc()

@@ -59,7 +59,7 @@ class StoreWatch:
         for name in changed:
             change = self.follow(name)
             if change is not None:
-                self.metrics.record_store_follow(change=change)
+                self.metrics.fleet.record_store_follow(change=change)
                 log.info("model store: %s %s (changed by another replica)", name, change.replace("_", " "))
                 made.append((name, change))
         self._seen = current
