@@ -72,7 +72,7 @@ class BucketBuilder:
             return TierBuild(None, str(exc), time.perf_counter() - started, transient)
         manifest = outcome.manifest
         if outcome.built_elsewhere:
-            self.metrics.fleet.record_peer_build(model=name, tier=tier, seconds=outcome.waited_seconds)
+            self.metrics.fleet.record_peer_build(tier=tier, seconds=outcome.waited_seconds)
             log.info("%s %s %s was built by another process; waited %.1fs", tier, name, bucket.label,
                      outcome.waited_seconds)  # fmt: skip
         if outcome.took_over_from:

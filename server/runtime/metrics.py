@@ -272,7 +272,7 @@ class FleetMetrics:
         self.peer_builds = Counter(
             "jitserve_kernels_built_by_peers_total",
             "Kernels this replica waited for while another process on the shared store built them (by tier).",
-            ["model", "tier"],
+            ["tier"],
             registry=registry,
         )
         self.peer_wait = Histogram(
@@ -293,9 +293,13 @@ class FleetMetrics:
             ["change"],
             registry=registry,
         )
+        for tier in ("tvm", "tvm-tuned"):  # zero before the first one: a dashboard shows 0, not "no data"
+            self.peer_builds.labels(tier)
+        for change in ("new_model", "new_version", "deleted"):
+            self.store_follows.labels(change)
 
-    def record_peer_build(self, *, model: str, tier: str, seconds: float) -> None:
-        self.peer_builds.labels(model, tier).inc()
+    def record_peer_build(self, *, tier: str, seconds: float) -> None:
+        self.peer_builds.labels(tier).inc()
         self.peer_wait.observe(seconds)
 
     def record_lease_takeover(self) -> None:
