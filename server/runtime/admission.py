@@ -116,8 +116,6 @@ class Admission:
         with self._lock, self.models.locked():
             previous = self._previous(name, replace)
             stored = self.models.latest_version(name)
-            if stored is not None and not replace:  # uploaded on another replica, not yet seen here
-                raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
             record = ModelRecord(
                 name=name,
                 version=max(stored or 0, previous.record.version if previous else 0) + 1,
@@ -151,12 +149,13 @@ class Admission:
         with self._lock:
             served = self.registry.find(name)
             with self.models.locked():  # a version read whole, never one being replaced under us
-                found = self.models.load(name) if self.models.latest_version(name) is not None else None
-            if found is None:
-                if served is None or self.models.latest_version(name) is not None:
-                    return None  # not served here, or stored but unreadable (logged)
+                stored = self.models.latest_version(name)
+                found = self.models.load(name) if stored is not None else None
+            if stored is None and served is not None:
                 self.registry.remove(name)
                 return "deleted"
+            if found is None:  # gone and not served here, or stored but unreadable (logged)
+                return None
             record, data = found
             if served is not None and served.record.version >= record.version:
                 return None
@@ -172,8 +171,9 @@ class Admission:
         self.closing.set()
 
     def _previous(self, name: str, replace: bool) -> ServedModel | None:
-        previous = self.registry.find(name)
-        if previous is not None and not replace:
+        previous = self.registry.find(name)  # a name stored by another replica is taken too
+        taken = previous is not None or self.models.latest_version(name) is not None
+        if taken and not replace:
             raise ConflictError(f"model {name!r} exists; PUT with ?replace=true to upload a new version")
         return previous
 
