@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from .arrays import random_inputs
 from .buckets import Bucket, bucket_label
-from .build import compile_bucket
-from .engines import Engine, OrtEngine, TvmEngine
+from .build import compile_bucket, open_kernel
+from .engines import Engine, OrtEngine
 from .model import LoadedModel
 from .options import CompileOptions
 from .store import ArtifactStore
@@ -48,7 +48,7 @@ def bench_bucket(
         outcome = compile_bucket(model, bucket, target, store, tier_options)
         manifest = outcome.manifest
         log(f"{bucket_label(bucket)} {tier}: built in {manifest.compile_seconds:.1f}s (cached={outcome.cached})")
-        engines[tier] = TvmEngine(outcome.library_path, signature.input_names, signature.output_names, device=kind)
+        engines[tier] = open_kernel(model, outcome, store, kind)
         if tier == "tvm":
             facts |= {"compile_seconds": round(manifest.compile_seconds, 2), "cached": outcome.cached}
         else:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from .buckets import Bucket
+from .engines import TvmEngine
 from .errors import CompileTimeoutError
 from .model import LoadedModel
-from .options import BuildJob, CompileOptions
+from .options import BuildJob, CompileOptions, PrepareJob, read_source
 from .store import LIBRARY_NAME, ArtifactStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
+from .weights import load_weights
 from .worker import run_in_child
 
 LEASE_WAIT_FACTOR = 2.0
@@ -34,13 +37,60 @@ class CompileOutcome:
 
 
 def bucket_key(model: LoadedModel, bucket: Bucket, target: dict, options: CompileOptions) -> str:
-    return artifact_key(model.digest, bucket, target, tvm_version(), options.key_options())
+    return artifact_key(model.graph_digest, bucket, target, tvm_version(), options.key_options())
 
 
 def _build_in_child(job: BuildJob) -> dict:
     from .tvm.build import build_and_verify
 
     return build_and_verify(job)
+
+
+def _prepare_in_child(job: PrepareJob) -> dict:
+    from .tvm.prepare import prepare
+
+    return prepare(read_source(job.model_source), Path(job.directory), job.simplify)
+
+
+def model_source(model: LoadedModel) -> bytes | str:
+    """What a child reads the model from: its stored file when the caller let go of the bytes."""
+    return str(model.path) if model.data is None and model.path is not None else model.read_bytes()
+
+
+def ensure_prepared(
+    model: LoadedModel, store: ArtifactStore, options: CompileOptions | None = None, *, preparer=_prepare_in_child
+) -> Path:
+    """The model version's prepared folder (weights folded and split off once), written by a child
+    the first time; one process prepares it while its peers on the store wait."""
+    options = options or CompileOptions()
+    directory = store.prepared_path(model.digest)
+    if store.has_prepared(model.digest):
+        return directory
+    try:
+        lease = store.lease(
+            f"prepare-{model.digest}",
+            max_wait=options.timeout_seconds * LEASE_WAIT_FACTOR,
+            what="prepare",
+            done=lambda: store.has_prepared(model.digest),
+        )
+        with lease as held:
+            if not held.held or store.has_prepared(model.digest):
+                return directory
+            with store.staging(f"prepare-{model.digest}") as staging:
+                job = PrepareJob(model_source(model), str(staging), options.simplify)
+                run_in_child(
+                    preparer,
+                    job,
+                    timeout=options.timeout_seconds,
+                    what="weight preparation",
+                    nice=options.nice,
+                    idle_priority=options.idle_priority,
+                    memory_limit=options.memory_limit_bytes,
+                )
+                store.commit_prepared(staging, model.digest)
+    except LeaseTimeoutError as exc:
+        raise CompileTimeoutError(str(exc)) from None
+    return directory
 
 
 def compile_bucket(
@@ -64,6 +114,7 @@ def compile_bucket(
     """
     options = options or CompileOptions()
     bucket = {name: tuple(d if isinstance(d, str) else int(d) for d in shape) for name, shape in bucket.items()}
+    prepared = ensure_prepared(model, store, options)  # a stored kernel needs this version's weights too
     key = bucket_key(model, bucket, target, options)
     existing = store.get(key)
     if existing is not None:
@@ -77,7 +128,8 @@ def compile_bucket(
             signature = model.signature
             with store.staging(key) as staging:
                 job = BuildJob(
-                    model_bytes=model.data,
+                    model_source=model_source(model),
+                    prepared_dir=str(prepared),
                     bucket=bucket,
                     dtypes={s.name: s.dtype for s in signature.inputs},
                     input_names=signature.input_names,
@@ -107,7 +159,7 @@ def compile_bucket(
                 )
                 manifest = Manifest(
                     key=key,
-                    model_digest=model.digest,
+                    graph_digest=model.graph_digest,
                     bucket={k: list(v) for k, v in bucket.items()},
                     target=target,
                     tvm_version=tvm_version(),
@@ -123,3 +175,16 @@ def compile_bucket(
             return CompileOutcome(manifest, False, path, waited_seconds=waited, took_over_from=lease.holder)
     except LeaseTimeoutError as exc:
         raise CompileTimeoutError(str(exc)) from None
+
+
+def open_kernel(model: LoadedModel, outcome: CompileOutcome, store: ArtifactStore, device: str = "llvm") -> TvmEngine:
+    """A compiled bucket ready to run outside the server: its library with the model version's weights."""
+    weights = load_weights(store.prepared_path(model.digest))
+    signature = model.signature
+    return TvmEngine(
+        outcome.library_path,
+        signature.input_names,
+        signature.output_names,
+        device=device,
+        weights=[weights[name] for name in outcome.manifest.weights],
+    )

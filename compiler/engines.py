@@ -37,6 +37,10 @@ class OrtEngine:
         if cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         self.session = ort.InferenceSession(model_bytes, options, providers=providers)
+        # Its Python wrapper keeps the model bytes for a provider fallback on failure, which would hold a
+        # second copy of the weights for the session's life: without the fallback it needs none.
+        self.session.disable_fallback()
+        self.session._model_bytes = None
         self.providers = self.session.get_providers()
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -54,13 +58,29 @@ def _status_message(exc: Exception) -> str:
     return message if found else text.rpartition(" : ")[2]
 
 
+def device_weights(arrays: list[np.ndarray], device: str = "llvm") -> list:
+    """Weights as TVM tensors: on the CPU the arrays' own memory (DLPack, no copy), on a GPU a copy there."""
+    import tvm
+
+    if device == "cuda":
+        return [tvm.runtime.tensor(array, tvm.cuda(0)) for array in arrays]
+    return [tvm.runtime.from_dlpack(array) for array in arrays]
+
+
 class TvmEngine:
-    """A compiled Relax executable loaded from the artifact store."""
+    """A compiled Relax executable loaded from the artifact store, run with its model version's weights
+    (TVM tensors or arrays, in the kernel's parameter order) after the inputs."""
 
     name = "tvm"
 
     def __init__(
-        self, library: str | Path, input_names: list[str], output_names: list[str], *, device: str = "llvm"
+        self,
+        library: str | Path,
+        input_names: list[str],
+        output_names: list[str],
+        *,
+        device: str = "llvm",
+        weights: list | None = None,
     ) -> None:
         # Imported here: processes that never run a kernel need not load TVM.
         import tvm
@@ -68,6 +88,10 @@ class TvmEngine:
 
         self._tvm = tvm
         self._device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+        weights = weights or []
+        if weights and isinstance(weights[0], np.ndarray):
+            weights = device_weights(weights, device)
+        self._weights = weights
         self._module = tvm.runtime.load_module(str(library))
         self._vm = relax.VirtualMachine(self._module, self._device)
         self._main = self._vm["main"]
@@ -79,6 +103,7 @@ class TvmEngine:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensor = self._tvm.runtime.tensor
         args = [tensor(contiguous(inputs[name]), self._device) for name in self.input_names]
+        args.extend(self._weights)
         with self._lock:
             result = self._main(*args)
         results = [result] if isinstance(result, self._tvm.runtime.Tensor) else list(result)

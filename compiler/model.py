@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -12,6 +14,7 @@ from google.protobuf.message import DecodeError
 from .errors import InvalidModelError, PayloadTooLargeError
 from .indices import IndexBounds, index_bounds
 from .signature import Signature, read_signature
+from .weights import graph_digest, weight_bytes
 
 # TVM's Relax ONNX importer implements converters from opset 1 onwards but is
 # only exercised on modern exports; below 7 the semantics differ too much.
@@ -20,17 +23,33 @@ MIN_OPSET = 7
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A validated model: the proto, its raw bytes, digest, signature and the ranges of its index inputs."""
+    """A validated model: the proto, its raw bytes, digest, signature and the ranges of its index inputs.
 
-    proto: onnx.ModelProto
-    data: bytes
+    A served model lets go of its proto and bytes once they are stored (:meth:`stored_at`): it then
+    weighs its signature, and whoever needs the bytes (a compile child) reads them from ``path``."""
+
+    proto: onnx.ModelProto | None
+    data: bytes | None
     digest: str
     signature: Signature
     index_bounds: IndexBounds = field(default_factory=IndexBounds)
+    graph_digest: str = ""
+    """The graph without its weights' values: what kernels are keyed by (:func:`compiler.weights.graph_digest`)."""
+    weight_bytes: int = 0
+    opset: int = 0
+    path: Path | None = None
+    """Where the bytes are stored, once ``data`` is let go."""
 
-    @property
-    def opset(self) -> int:
-        return _default_opset(self.proto)
+    def read_bytes(self) -> bytes:
+        if self.data is not None:
+            return self.data
+        if self.path is None:
+            raise ValueError("model bytes were let go and are stored nowhere")
+        return self.path.read_bytes()
+
+    def stored_at(self, path: Path) -> LoadedModel:
+        """This model without its proto and bytes, read from ``path`` when needed."""
+        return dataclasses.replace(self, proto=None, data=None, path=Path(path))
 
 
 def model_digest(data: bytes) -> str:
@@ -138,7 +157,16 @@ def _validate(proto: onnx.ModelProto, data: bytes, min_opset: int, max_opset: in
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError(f"onnx checker: {first_line}") from None
-    return LoadedModel(proto, data, model_digest(data), read_signature(proto), index_bounds(proto))
+    return LoadedModel(
+        proto,
+        data,
+        model_digest(data),
+        read_signature(proto),
+        index_bounds(proto),
+        graph_digest=graph_digest(proto),
+        weight_bytes=weight_bytes(proto),
+        opset=opset,
+    )
 
 
 def load_model_file(path: str, *, max_bytes: int, **kwargs) -> LoadedModel:

@@ -98,7 +98,10 @@ class CompileOptions(BaseModel):
 class BuildJob:
     """Everything the compile child needs; pickled across the process boundary."""
 
-    model_bytes: bytes
+    model_source: bytes | str
+    """The model as uploaded (ONNX Runtime's reference): its bytes, or the path of its stored file."""
+    prepared_dir: str
+    """The model version's prepared folder: the graph compiled and the weights the kernel takes."""
     bucket: Bucket
     dtypes: dict[str, str]
     input_names: list[str]
@@ -121,3 +124,20 @@ class BuildJob:
     """Where tuning writes its progress (``{"trials", "best_ms"}``) as it goes."""
     verify_sizes: dict[str, list[int]] | None = None
     """A symbolic bucket's named dim -> the sizes it is verified at (one kernel serves them all)."""
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    """The compile child's job of preparing a model version's weights (:mod:`compiler.tvm.prepare`)."""
+
+    model_source: bytes | str
+    directory: str
+    simplify: bool
+
+
+def read_source(source: bytes | str) -> bytes:
+    """A job's model: the bytes themselves, or read from the stored file."""
+    if isinstance(source, bytes):
+        return source
+    with open(source, "rb") as handle:
+        return handle.read()

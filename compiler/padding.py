@@ -124,7 +124,7 @@ def _padded_size(policy: AxisPolicy, size: int) -> int:
 
 # Sizes tried, after the configured or warm one, when the model refuses a probe shape
 # (a reflect Pad needs a long enough axis, a strided conv a multiple of its stride).
-FALLBACK_PROBE_SIZES = (32, 64, 128, 256, 512, 1024, 16, 8, 4, 2, 1)
+FALLBACK_PROBE_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 4, 2, 1)
 MAX_PROBES_PER_AXIS = 6
 
 

@@ -1,8 +1,11 @@
 """Content-addressed artifact store for compiled kernels.
 
 An artifact is a directory ``artifacts/<k[:2]>/<key>/`` holding ``kernel.so``
-and ``manifest.json``. It is built in ``staging/`` and renamed into place in
-one step, so a crash never leaves a half artifact under its key.
+and ``manifest.json``: code only, since kernels take the weights as
+parameters. A model version's prepared weights live once in
+``prepared/<model digest>/`` (see :mod:`compiler.weights`), shared by every
+kernel of the version. Both are built in ``staging/`` and renamed into place
+in one step, so a crash never leaves a half artifact under its key.
 
 Several processes (replicas on one shared volume) may use one store: a key is
 built by one of them at a time, the holder of its lease (an exclusive file
@@ -22,7 +25,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -32,6 +35,7 @@ from pydantic import BaseModel
 
 from .target import canonical_target
 from .tvm import COMPILER_VERSION
+from .weights import INDEX_NAME
 
 LIBRARY_NAME = "kernel.so"
 MANIFEST_NAME = "manifest.json"
@@ -43,7 +47,10 @@ def tvm_version() -> str:
 
 class Manifest(BaseModel):
     key: str
-    model_digest: str
+    graph_digest: str
+    """The model's graph without its weights' values (:func:`compiler.weights.graph_digest`)."""
+    weights: list[str] = []
+    """The prepared weights the kernel takes after the model's inputs, in order."""
     bucket: dict[str, list[int | str]]
     """The bucket's shape per input; a name is a dim the kernel keeps symbolic (the dynamic-shape tier)."""
     target: dict
@@ -67,11 +74,12 @@ class Manifest(BaseModel):
 
 
 def artifact_key(
-    model_digest: str, bucket: dict, target: dict, tvm: str, options: dict, *, compiler: str = COMPILER_VERSION
+    graph_digest: str, bucket: dict, target: dict, tvm: str, options: dict, *, compiler: str = COMPILER_VERSION
 ) -> str:
-    """sha256 over what determines the kernel: content, never paths (``compiler``: jitserve's own version)."""
+    """sha256 over what determines the kernel: content, never paths (``compiler``: jitserve's own version).
+    The weights are parameters: their values are not in the key, their names, dtypes and shapes are."""
     material = {
-        "model": model_digest,
+        "graph": graph_digest,
         "bucket": {name: list(shape) for name, shape in sorted(bucket.items())},
         "target": canonical_target(target),
         "tvm": tvm,
@@ -173,9 +181,11 @@ class ArtifactStore:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.artifacts = self.root / "artifacts"
+        self.prepared = self.root / "prepared"
         self.staging_root = self.root / "staging"
         self.leases = self.root / "leases"
         self.artifacts.mkdir(parents=True, exist_ok=True)
+        self.prepared.mkdir(parents=True, exist_ok=True)
         self.leases.mkdir(parents=True, exist_ok=True)
         self.staging_area = StagingArea(self.staging_root)
         self.staging_area.sweep()  # builds of processes that died mid-compile
@@ -232,6 +242,27 @@ class ArtifactStore:
             return f"kernel library is {library.stat().st_size} bytes, the manifest says {manifest.library_bytes}"
         return None
 
+    def prepared_path(self, model_digest: str) -> Path:
+        return self.prepared / model_digest
+
+    def has_prepared(self, model_digest: str) -> bool:
+        return (self.prepared_path(model_digest) / INDEX_NAME).is_file()
+
+    def commit_prepared(self, staging_dir: Path, model_digest: str) -> None:
+        """Move a prepared folder under its model digest in one rename (a peer's commit wins)."""
+        if not (staging_dir / INDEX_NAME).is_file():
+            raise FileNotFoundError(f"no {INDEX_NAME} in {staging_dir}")
+        if self.has_prepared(model_digest):
+            return
+        final = self.prepared_path(model_digest)
+        if final.exists():  # damaged from outside: no index
+            self.staging_area.discard(final)
+        try:
+            os.rename(staging_dir, final)
+        except OSError:
+            if not self.has_prepared(model_digest):
+                raise
+
     def keys(self) -> Iterator[str]:
         for shard in self.artifacts.iterdir():
             for entry in shard.iterdir():
@@ -284,13 +315,17 @@ class ArtifactStore:
         return True
 
     @contextmanager
-    def lease(self, key: str, *, max_wait: float, what: str = "compile") -> Iterator[Lease]:
+    def lease(
+        self, key: str, *, max_wait: float, what: str = "compile", done: Callable[[], bool] | None = None
+    ) -> Iterator[Lease]:
         """Wait for the turn to build ``key``: the lease, held until the block ends, or the artifact
         committed by whoever held it (``Lease.held`` False). One builder per key across every process
         on the store; a dead holder's lock is released by the kernel (by the NFS server once the
         holder's host stops renewing), so the next waiter takes over.
 
+        ``done`` tells whether the work is there (default: ``key``'s artifact is committed).
         Raises :class:`LeaseTimeoutError` after ``max_wait`` seconds of another holder."""
+        done = done or (lambda: self.get(key) is not None)
         path = self.leases / f"{key}.lock"
         started = time.monotonic()
         holder = None
@@ -301,7 +336,7 @@ class ArtifactStore:
             handle.seek(0)
             holder = handle.read().strip() or holder
             handle.close()
-            if self.get(key) is not None:
+            if done():
                 yield Lease(False, time.monotonic() - started, holder)
                 return
             if time.monotonic() - started > max_wait:
@@ -316,7 +351,7 @@ class ArtifactStore:
             handle.flush()
             yield Lease(True, time.monotonic() - started, holder)
         finally:
-            if self.get(key) is not None:
+            if done():
                 # Built: whoever opens the file next finds the artifact before building anything.
                 with contextlib.suppress(OSError):
                     path.unlink()

@@ -366,3 +366,50 @@ def many_inputs_model(count: int) -> bytes:
         [value("y", "float32", [None, 2])],
     )
     return make_model(graph).SerializeToString()
+
+
+def reweighted(data: bytes, seed: int) -> bytes:
+    """The same architecture with new weights (a retrained model): every weight of the model (float
+    initializer or Constant of 64+ elements) drawn anew, every other tensor kept."""
+    from compiler.weights import constant_value, is_weight
+
+    model = onnx.load_from_string(data)
+    rng = np.random.default_rng(seed)
+    tensors = [*model.graph.initializer, *(t for n in model.graph.node if (t := constant_value(n)) is not None)]
+    for tensor in tensors:
+        if is_weight(tensor):
+            array = numpy_helper.to_array(tensor)
+            noise = rng.standard_normal(array.shape) * 0.05 * (np.abs(array).mean() + 1e-3)
+            fresh = (array + noise).astype(array.dtype)
+            tensor.CopyFrom(numpy_helper.from_array(fresh, tensor.name))
+    return model.SerializeToString()
+
+
+def conv_bn_model(channels: int = 16, size: int = 32) -> bytes:
+    """Conv -> BatchNormalization -> Relu over x[N, 3, size, size], its weights in Constant nodes as
+    paddle2onnx exports them (PP-OCR): the BatchNormalization folds into the Conv's weights."""
+    rng = np.random.default_rng(11)
+    arrays = {
+        "w": rng.standard_normal((channels, 3, 3, 3)).astype(np.float32) * 0.2,
+        "scale": (1.0 + rng.standard_normal(channels) * 0.1).astype(np.float32),
+        "bias": rng.standard_normal(channels).astype(np.float32) * 0.1,
+        "mean": rng.standard_normal(channels).astype(np.float32) * 0.1,
+        "var": (1.0 + rng.random(channels)).astype(np.float32),
+    }
+    constants = [
+        helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name))
+        for name, array in arrays.items()
+    ]
+    nodes = [
+        *constants,
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"]),
+        helper.make_node("Relu", ["b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_bn",
+        [value("x", "float32", ["N", 3, size, size])],
+        [value("y", "float32", ["N", channels, size, size])],
+    )
+    return make_model(graph).SerializeToString()

@@ -9,5 +9,6 @@ a kernel built by a different pipeline is a different artifact.
 # The named stages of pipeline.py, in order.
 PIPELINE = "fuse+tuning-records+default-schedules"
 
-# Bump when jitserve's own build steps (pipeline.py, schedules/) change the code they generate.
-COMPILER_VERSION = "5"
+# Bump when jitserve's own build steps (prepare.py, pipeline.py, schedules/) change the code they generate
+# (6: weights are parameters, prepared once per model version).
+COMPILER_VERSION = "6"

@@ -1,14 +1,17 @@
 """The TVM side of a compile. Runs inside the compile child process only.
 
+prepared graph (weights as inputs, see :mod:`compiler.tvm.prepare`) ->
 specialize (fix shapes, fold shape subgraphs) -> import to Relax -> the
 target's default Relax pipeline (fusion; dlight schedules on GPU) -> export
-``kernel.so`` -> verify against ONNX Runtime on seeded random inputs. Each
-stage is timed (``compile_stages`` in the manifest).
+``kernel.so`` (code only: the weights are parameters) -> verify against ONNX
+Runtime, on the model as uploaded, on seeded random inputs. Each stage is
+timed (``compile_stages`` in the manifest).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,7 +23,8 @@ from ..arrays import compare_outputs, random_inputs
 from ..buckets import is_symbolic
 from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
-from ..options import BuildJob
+from ..options import BuildJob, read_source
+from ..weights import GRAPH_NAME, load_weights
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
 
@@ -122,17 +126,34 @@ def cuda_available() -> bool:
     return bool(tvm.cuda(0).exist)
 
 
+def weight_parameters(specialized: onnx.ModelProto, input_names: list[str], weights: dict) -> list[str]:
+    """The weights the kernel takes after the model's inputs, in order; the inputs must come first."""
+    names = [value.name for value in specialized.graph.input]
+    if names[: len(input_names)] != list(input_names):
+        raise CompileError(f"the prepared graph's inputs {names[: len(input_names)]} are not the model's {input_names}")
+    extra = names[len(input_names) :]
+    unknown = [name for name in extra if name not in weights]
+    if unknown:
+        raise CompileError(f"the prepared graph takes inputs that are no weights: {unknown[:3]}")
+    return extra
+
+
 def build_and_verify(job: BuildJob) -> dict:
     """Compile ``job`` into ``job.library_path`` and verify it; return the facts."""
     started = time.perf_counter()
     clock = StageClock()
-    model = onnx.load_from_string(job.model_bytes)
+    prepared = Path(job.prepared_dir)
+    graph = onnx.load_from_string((prepared / GRAPH_NAME).read_bytes())
+    weights = load_weights(prepared)
     clock.lap("load")
-    specialized, simplified = specialize(model, job.bucket, job.simplify)
+    specialized, simplified = specialize(graph, job.bucket, job.simplify)
+    weight_names = weight_parameters(specialized, job.input_names, weights)
     clock.lap("simplify")
     mod = import_relax(specialized, job.bucket, job.dtypes)
+    # The weights are parameters, not inputs: tuning and LiftTransformParams read this attribute.
+    mod["main"] = mod["main"].with_attr("num_input", len(job.input_names))
     clock.lap("import")
-    facts = {"simplified": simplified}
+    facts = {"simplified": simplified, "weights": weight_names}
     if job.tune_trials:
         facts["tuning"] = tune(
             mod,
@@ -158,8 +179,11 @@ def build_and_verify(job: BuildJob) -> dict:
     if on_cuda and not cuda_available():
         return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}
 
-    kernel = TvmEngine(job.library_path, job.input_names, job.output_names, device=job.target["kind"])
-    reference = OrtEngine(job.model_bytes, cuda=on_cuda)
+    device = job.target["kind"]
+    kernel = TvmEngine(
+        job.library_path, job.input_names, job.output_names, device=device, weights=[weights[n] for n in weight_names]
+    )
+    reference = OrtEngine(read_source(job.model_source), cuda=on_cuda)
     verdicts = []  # (where, comparison)
     for shapes in verification_shapes(job):
         inputs = random_inputs(shapes, job.dtypes, job.seed, job.index_limits)

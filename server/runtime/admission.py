@@ -39,7 +39,10 @@ log = logging.getLogger("jitserve")
 
 BatcherFactory = Callable[[ServedModel, DynamicBatching, set[int]], DynamicBatcher]
 
-DEFAULT_PROBE_SIZE = 32
+DEFAULT_PROBE_SIZE = 3
+"""The smallest size that decides padding-safety for most axes (odd, past the broadcasting size 1, padded
+to 4): a large model's probe then costs milliseconds, not the seconds a batch of 32 and 64 did. Models
+that refuse it (a strided convolution wanting a multiple of 32) are tried at the fallback sizes."""
 
 
 class Admission:
@@ -81,6 +84,8 @@ class Admission:
 
     def _serve_stored(self, record: ModelRecord, data: bytes) -> ServedModel:
         served = self.build_served(record, load_model(data, max_bytes=len(data)))
+        del data
+        served.model = served.model.stored_at(self.models.model_path(record))
         self.registry.put(served)
         self.scheduler.enqueue_warm(served)
         return served
@@ -139,6 +144,8 @@ class Admission:
             except BaseException:
                 served.retire()  # never served: stop its batcher
                 raise
+            # Stored: the served model lets go of the proto and bytes (a compile child reads the file).
+            served.model = served.model.stored_at(self.models.model_path(record))
             self.registry.put(served)
             self.scheduler.enqueue_warm(served)
             return served

@@ -113,10 +113,13 @@ class BucketBuilder:
             return
         if outcome.cached:
             self.metrics.record_reload(model=served.name)
-        signature = served.model.signature
-        self.kernels.load(bucket.key, signature, served.target)
+        try:
+            self.kernels.load(served, bucket.key)
+        except JitServeError as exc:  # its weights do not fit the kernel: never served
+            bucket.fail(str(exc))
+            return
         if not (outcome.cached and self.router.restore(served, bucket)):
-            self.router.route(served, bucket, {"tvm": self.kernels.open(bucket.key, signature, served.target)})
+            self.router.route(served, bucket, {"tvm": self.kernels.open(served, bucket.key)})
 
     def tune(self, served: ServedModel, bucket: ServedBucket) -> float:
         """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
@@ -162,11 +165,10 @@ class BucketBuilder:
             self.router.remember(served, bucket)
             return built.seconds
         bucket.set_tuning(status, tuned_key=outcome.manifest.key)
-        signature = served.model.signature
-        self.kernels.load(outcome.manifest.key, signature, served.target)
+        self.kernels.load(served, outcome.manifest.key)
         # Both timed as fresh instances: the live kernel keeps serving meanwhile, undisturbed and undisturbing.
         candidates = {
-            tier: self.kernels.open(key, signature, served.target)
+            tier: self.kernels.open(served, key)
             for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
         }
         self.router.route(served, bucket, candidates)

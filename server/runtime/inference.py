@@ -189,7 +189,7 @@ class Inference:
         if bucket is None or not bucket.runs_below(self.inline_max_ms):
             return None
         key = bucket.serves_kernel_key
-        return bucket if key is None or key in self.kernels.cache else None
+        return bucket if key is None or self.kernels.has(served, key) else None
 
     # -- preparing and running -------------------------------------------
 
@@ -288,10 +288,10 @@ class Inference:
         key = bucket.serves_kernel_key
         if key is None:
             return None
-        engine = self.kernels.get(key)
+        engine = self.kernels.get(served, key)
         self.metrics.record_cache_lookup(model=served.name, hit=engine is not None)
         if engine is None:  # evicted, or routed by an earlier process
-            engine = self.kernels.load(key, served.model.signature, served.target)
+            engine = self.kernels.load(served, key)
             self.metrics.record_reload(model=served.name)
         return engine
 

@@ -1,5 +1,11 @@
 """Loaded kernels: an in-memory LRU bounded by entries and by bytes, in front
-of the artifact store.
+of the artifact store, and the weights they run with.
+
+A kernel is code only: it runs with its model version's prepared weights,
+mapped from the store once per version and shared by every bucket's kernel
+(:class:`WeightPool`). A cache entry is a kernel bound to one version's
+weights, so two versions (or two models) of one architecture share the
+stored kernel and each run with their own weights.
 
 An evicted kernel stays in the artifact store: needing it again is a reload
 (milliseconds), never a compile.
@@ -7,19 +13,25 @@ An evicted kernel stays in the artifact store: needing it again is a reload
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from compiler.engines import Engine, TvmEngine
+from compiler.engines import Engine, TvmEngine, device_weights
+from compiler.errors import CompileError
 from compiler.signature import Signature
-from compiler.store import ArtifactStore
+from compiler.store import ArtifactStore, Manifest
 from compiler.target import target_kind
+from compiler.weights import load_weights
 
 from .metrics import Metrics
+from .registry import ServedModel
 
-EngineOpener = Callable[[Path, Signature, dict], Engine]
+EngineOpener = Callable[[Path, Signature, dict, list], Engine]
 
 
 class KernelCache:
@@ -66,6 +78,14 @@ class KernelCache:
             if entry is not None:
                 self._bytes -= entry[1]
 
+    def discard_where(self, matches: Callable[[str], bool]) -> int:
+        """Drop every entry whose key matches; returns how many."""
+        with self._lock:
+            doomed = [key for key in self._entries if matches(key)]
+            for key in doomed:
+                self._bytes -= self._entries.pop(key)[1]
+        return len(doomed)
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -77,12 +97,64 @@ class KernelCache:
         return self._bytes
 
 
-def open_tvm_engine(library: Path, signature: Signature, target: dict) -> Engine:
-    return TvmEngine(library, signature.input_names, signature.output_names, device=target_kind(target))
+def open_tvm_engine(library: Path, signature: Signature, target: dict, weights: list) -> Engine:
+    return TvmEngine(
+        library, signature.input_names, signature.output_names, device=target_kind(target), weights=weights
+    )
+
+
+class LoadedWeights:
+    """One model version's prepared weights as TVM tensors over the mapped files (on a GPU, copies)."""
+
+    def __init__(self, directory: Path, device: str) -> None:
+        arrays = load_weights(directory)
+        self.nbytes = sum(array.nbytes for array in arrays.values())
+        self.tensors = dict(zip(arrays, device_weights(list(arrays.values()), device), strict=True))
+
+    def for_kernel(self, manifest: Manifest) -> list:
+        """The weights a kernel takes, in its order; a kernel naming another set is refused."""
+        missing = [name for name in manifest.weights if name not in self.tensors]
+        if missing:
+            raise CompileError(f"kernel {manifest.key[:16]} takes weights this model version lacks: {missing[:3]}")
+        return [self.tensors[name] for name in manifest.weights]
+
+
+class WeightPool:
+    """Each model version's weights loaded once, shared by its kernels, gone with the last of them."""
+
+    def __init__(self, artifacts: ArtifactStore) -> None:
+        self.artifacts = artifacts
+        self._loaded: weakref.WeakValueDictionary[tuple[str, str], LoadedWeights] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, model_digest: str, device: str) -> LoadedWeights:
+        with self._lock:
+            weights = self._loaded.get((model_digest, device))
+            if weights is None:
+                weights = LoadedWeights(self.artifacts.prepared_path(model_digest), device)
+                self._loaded[(model_digest, device)] = weights
+            return weights
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(weights.nbytes for weights in self._loaded.values())
+
+
+_libc = ctypes.CDLL(None)
+
+
+def return_memory() -> None:
+    """Hand freed memory back to the system: glibc keeps freed heap pages (and arenas) otherwise."""
+    gc.collect()
+    trim = getattr(_libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 class Kernels:
-    """Kernels by artifact key: from the cache, else loaded from the store (a reload, never a compile)."""
+    """Kernels bound to a model version's weights: from the cache, else loaded from the store (a reload,
+    never a compile)."""
 
     def __init__(
         self,
@@ -94,18 +166,39 @@ class Kernels:
         self.cache = cache
         self.artifacts = artifacts
         self.metrics = metrics
+        self.weights = WeightPool(artifacts)
         self._open_engine = open_engine
 
-    def get(self, key: str) -> Engine | None:
-        return self.cache.get(key)
+    @staticmethod
+    def cache_key(served: ServedModel, key: str) -> str:
+        return f"{key}@{served.record.digest}"
 
-    def open(self, key: str, signature: Signature, target: dict) -> Engine:
-        """A private instance of a stored kernel, outside the cache (routing times these)."""
-        return self._open_engine(self.artifacts.library_path(key), signature, target)
+    def get(self, served: ServedModel, key: str) -> Engine | None:
+        return self.cache.get(self.cache_key(served, key))
 
-    def load(self, key: str, signature: Signature, target: dict) -> Engine:
-        engine = self.open(key, signature, target)
+    def has(self, served: ServedModel, key: str) -> bool:
+        return self.cache_key(served, key) in self.cache
+
+    def open(self, served: ServedModel, key: str) -> Engine:
+        """A private instance of a stored kernel with the version's weights, outside the cache (routing
+        times these)."""
         manifest = self.artifacts.get(key)
-        self.cache.put(key, engine, manifest.library_bytes if manifest else 0)
+        if manifest is None:
+            raise CompileError(f"kernel {key[:16]} is no longer in the store")
+        weights = self.weights.get(served.model.digest, target_kind(served.target)).for_kernel(manifest)
+        return self._open_engine(self.artifacts.library_path(key), served.model.signature, served.target, weights)
+
+    def load(self, served: ServedModel, key: str) -> Engine:
+        engine = self.open(served, key)
+        manifest = self.artifacts.get(key)
+        # The code's bytes: the weights are the model version's, counted once (weights_bytes).
+        self.cache.put(self.cache_key(served, key), engine, manifest.library_bytes if manifest else 0)
         self.metrics.set_cache_entries(entries=len(self.cache))
         return engine
+
+    def forget(self, served: ServedModel) -> None:
+        """A model version retired: its kernels leave the cache, and its weights go with the last one
+        (a request still running holds them until it ends)."""
+        suffix = f"@{served.record.digest}"
+        if self.cache.discard_where(lambda key: key.endswith(suffix)):
+            self.metrics.set_cache_entries(entries=len(self.cache))

@@ -171,6 +171,10 @@ class ModelStore:
                     found[entry.name] = version
         return found
 
+    def model_path(self, record: ModelRecord) -> Path:
+        """Where a stored version's model bytes are (compile children read them there)."""
+        return self._dir(record.name, record.version) / MODEL_FILE
+
     def load(self, name: str) -> tuple[ModelRecord, bytes] | None:
         """The newest complete version of ``name``; None when there is none or it is damaged."""
         versions = self._versions(name)

@@ -110,11 +110,13 @@ class ServedModel:
 
 
 class Registry:
-    """Name -> the served version; swaps are atomic, and a replaced version is retired."""
+    """Name -> the served version; swaps are atomic, and a replaced version is retired and handed to
+    ``on_retire`` (which lets go of its kernels and weights)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_retire: Callable[[ServedModel], None] = lambda served: None) -> None:
         self._models: dict[str, ServedModel] = {}
         self._lock = threading.Lock()
+        self._on_retire = on_retire
 
     def get(self, name: str) -> ServedModel:
         served = self._models.get(name)
@@ -138,6 +140,7 @@ class Registry:
             self._models[served.name] = served
         if previous is not None and previous is not served:
             previous.retire()
+            self._on_retire(previous)
 
     def remove(self, name: str) -> ServedModel:
         with self._lock:
@@ -145,4 +148,5 @@ class Registry:
         if served is None:
             raise NotFoundError(f"model {name!r} not found")
         served.retire()
+        self._on_retire(served)
         return served

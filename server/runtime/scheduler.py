@@ -122,18 +122,22 @@ class CompileScheduler:
             job = self._take()
             if job is None:
                 return
-            served, bucket = job
+            self._do(*job)
+            # No reference outlives the job: a deleted model's memory must not wait for the next compile.
+            del job
+
+    def _do(self, served: ServedModel, bucket: ServedBucket) -> None:
+        self._update_depth()
+        try:
+            if not served.retired:
+                self._run(served, bucket)
+                if bucket.retry_pending:
+                    self._retry_later(served, bucket, bucket.retry_in or 0.0)
+        except Exception:  # a worker must survive any one job
+            log.exception("compile of %s %s failed unexpectedly", served.name, bucket.label)
+            with contextlib.suppress(IllegalTransitionError):  # already ready: it stays served
+                bucket.fail("internal error")
+        finally:
+            with self._changed:
+                self._running -= 1
             self._update_depth()
-            try:
-                if not served.retired:
-                    self._run(served, bucket)
-                    if bucket.retry_pending:
-                        self._retry_later(served, bucket, bucket.retry_in or 0.0)
-            except Exception:  # a worker must survive any one job
-                log.exception("compile of %s %s failed unexpectedly", served.name, bucket.label)
-                with contextlib.suppress(IllegalTransitionError):  # already ready: it stays served
-                    bucket.fail("internal error")
-            finally:
-                with self._changed:
-                    self._running -= 1
-                self._update_depth()

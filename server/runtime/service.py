@@ -10,6 +10,7 @@ queue ordered by traffic, child processes below serving's priority).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -31,7 +32,7 @@ from .bodies import BodyBudget, JsonParsers
 from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
 from .inference import Inference, Job, Prediction
-from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
+from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine, return_memory
 from .metrics import Metrics
 from .records import ModelStore
 from .registry import Registry, ServedModel
@@ -41,6 +42,9 @@ from .store_watch import StoreWatch
 from .tuner import BackgroundTuner
 
 T = TypeVar("T")
+
+RELEASE_AGAIN_SECONDS = 2.0
+"""A retired version's memory is handed back again this long after, when requests in flight are done."""
 log = logging.getLogger("jitserve")
 
 INLINE_WORK_BYTES = 32 * 1024
@@ -67,7 +71,7 @@ class ModelService:
             settings.kernel_cache_entries, settings.kernel_cache_bytes, on_evict=lambda _: metrics.record_eviction()
         )
         self.kernels = Kernels(cache, self.artifacts, metrics, open_engine)
-        self.registry = Registry()
+        self.registry = Registry(on_retire=self._release)
         self.router = Router(settings, metrics, self.models_store, self.artifacts)
         self.builder = BucketBuilder(settings, metrics, self.kernels, self.router, compile_function=compile_function)
         self.scheduler = CompileScheduler(
@@ -101,6 +105,8 @@ class ModelService:
         )
         self.body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
         self.json_parsers = JsonParsers(settings.json_parse_processes)
+        self._startup_models: set[tuple[str, int]] = set()
+        """(name, version) of the models served at start, whose warm buckets gate readiness."""
 
     # -- lifecycle -------------------------------------------------------
 
@@ -111,6 +117,7 @@ class ModelService:
             log.warning("store check: removed damaged kernel %s", problem)
         self.store_watch.remember()
         models_ok, models_skipped = self.admission.restore_stored()
+        self._startup_models = {(served.name, served.record.version) for served in self.registry.all()}
         log.info(
             "store check: %d kernels ok, %d damaged removed; %d models served, %d skipped",
             kernels_ok, len(removed), models_ok, models_skipped,
@@ -120,6 +127,15 @@ class ModelService:
         if self.jit_enabled and self.settings.tuning_enabled:
             self.tuner.start()
         self.store_watch.start()
+
+    def _release(self, served: ServedModel) -> None:
+        """A version deleted, replaced or unloaded: its kernels and weights go, and the memory goes back to
+        the system now and once the requests still running on it have ended."""
+        self.kernels.forget(served)
+        return_memory()
+        timer = threading.Timer(RELEASE_AGAIN_SECONDS, return_memory)
+        timer.daemon = True
+        timer.start()
 
     def close(self) -> None:
         """Shutdown: models retired first (a compile killed now records nothing), then compile and
@@ -163,7 +179,12 @@ class ModelService:
     def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> dict:
         """Serve a self-contained model given as bytes."""
         load = partial(load_model, data, max_bytes=self.settings.max_model_bytes)
-        return self._describe(self.admission.register(name, load, config, replace=replace))
+        return self._registered(self.admission.register(name, load, config, replace=replace))
+
+    def _registered(self, served: ServedModel) -> dict:
+        """An upload's answer; the copies its checks made (parsed protos, bytes) go back to the system."""
+        return_memory()
+        return self._describe(served)
 
     def register_default(self, name: str, data: bytes, config: dict) -> None:
         """Serve a built-in model on an empty store. Replicas starting together on one store race for
@@ -172,6 +193,9 @@ class ModelService:
             self.register(name, data, config)
         except ConflictError:
             self.admission.follow_store(name)
+        served = self.registry.find(name)
+        if served is not None:  # part of the start: its warm buckets gate readiness
+            self._startup_models.add((served.name, served.record.version))
 
     def new_upload_folder(self) -> Path:
         """A private folder to receive one upload into; cleared at start if a crash leaves it behind."""
@@ -180,7 +204,7 @@ class ModelService:
     def register_upload(self, name: str, folder: Path, config: dict | None = None, *, replace: bool = False) -> dict:
         """Serve the model an upload folder holds (with its external data, or as an archive)."""
         load = partial(load_upload_folder, folder, max_bytes=self.settings.max_model_bytes)
-        return self._describe(self.admission.register(name, load, config, replace=replace))
+        return self._registered(self.admission.register(name, load, config, replace=replace))
 
     def delete(self, name: str) -> None:
         self.admission.delete(name)
@@ -201,10 +225,17 @@ class ModelService:
         self.admission.unload(name)
 
     def ready(self) -> tuple[bool, list[str]]:
-        """Ready once every warm bucket is ready or failed; the ones still waiting otherwise."""
+        """Ready once the warm buckets of the models served at start are ready or failed; the ones still
+        waiting otherwise. Models uploaded later (here or on a peer) never take a running server out of
+        service: ONNX Runtime answers them while their kernels compile."""
         if not self.jit_enabled:
             return True, []
-        waiting = [label for served in self.registry.all() for label in served.waiting_warm_buckets()]
+        waiting = [
+            label
+            for served in self.registry.all()
+            if (served.name, served.record.version) in self._startup_models
+            for label in served.waiting_warm_buckets()
+        ]
         return not waiting, waiting
 
     # -- predictions -----------------------------------------------------

@@ -31,12 +31,15 @@ BUCKETS = [
 RELOAD_AND_RUN = textwrap.dedent(
     """
     import json, sys, time
+    from pathlib import Path
     import numpy as np
     started = time.perf_counter()
     from compiler.engines import OrtEngine, TvmEngine
     from compiler.arrays import random_inputs
+    from compiler.weights import load_weights
     spec = json.loads(sys.argv[1])
-    kernel = TvmEngine(spec["library"], ["x"], spec["outputs"])
+    weights = load_weights(Path(spec["prepared"]))
+    kernel = TvmEngine(spec["library"], ["x"], spec["outputs"], weights=[weights[n] for n in spec["weights"]])
     loaded = time.perf_counter() - started
     inputs = random_inputs({"x": tuple(spec["shape"])}, {"x": "float32"}, 123)
     got = kernel.run(inputs)
@@ -74,6 +77,8 @@ def test_real_model_compiles_verifies_and_reloads(store, name, bucket):
     # on inputs other than the ones verification used.
     spec = {
         "library": again.library_path,
+        "prepared": str(store.prepared_path(model.digest)),
+        "weights": again.manifest.weights,
         "outputs": model.signature.output_names,
         "shape": list(bucket["x"]),
         "model": str(path),

@@ -126,15 +126,17 @@ def test_one_dynamic_kernel_serves_every_size(store, data, bucket, sizes):
     """The dynamic-shape tier: a named dim stays symbolic, one kernel runs every size of it."""
     import numpy as np
 
-    from compiler.engines import OrtEngine, TvmEngine
+    from compiler.build import open_kernel
+    from compiler.engines import OrtEngine
 
     model = _load(data)
-    manifest = compile_bucket(model, bucket, resolve_target("llvm"), store, verify_sizes=sizes).manifest
+    outcome = compile_bucket(model, bucket, resolve_target("llvm"), store, verify_sizes=sizes)
+    manifest = outcome.manifest
     assert manifest.verified is True, manifest.verification
     assert manifest.bucket == {"x": list(bucket["x"])}
     name = next(iter(sizes))
     assert manifest.verification.count(";") == 3  # all three sizes checked, and all-zero inputs
-    kernel = TvmEngine(store.library_path(manifest.key), ["x"], model.signature.output_names)
+    kernel = open_kernel(model, outcome, store)
     reference = OrtEngine(data)
     for size in (2, 40, 101):  # sizes it was not verified at
         shape = tuple(size if d == name else d for d in bucket["x"])

@@ -35,7 +35,7 @@ KEY_ARGS = (DIGEST, BUCKET, TARGET, "0.27.0", OPTIONS)
 def _manifest(key: str, **overrides) -> Manifest:
     fields = {
         "key": key,
-        "model_digest": DIGEST,
+        "graph_digest": DIGEST,
         "bucket": {name: list(shape) for name, shape in BUCKET.items()},
         "target": TARGET,
         "tvm_version": "0.27.0",

@@ -12,12 +12,14 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from compiler.build import CompileOutcome, bucket_key
 from compiler.engines import Engine, OrtEngine
 from compiler.model import load_model
 from compiler.store import LIBRARY_NAME, ArtifactStore, Manifest
 from compiler.tvm import COMPILER_VERSION
+from compiler.weights import save_prepared
 from server.runtime.metrics import Metrics
 from server.runtime.service import ModelService
 from server.settings import Settings
@@ -44,6 +46,10 @@ class FakeCompiler:
         existing = store.get(key)
         if existing is not None:
             return CompileOutcome(existing, True, str(store.library_path(key)))
+        if not store.has_prepared(model.digest):  # the version's weights, as compile_bucket prepares them
+            with store.staging("prepare") as staging:
+                save_prepared(staging, onnx.ModelProto(), {})
+                store.commit_prepared(staging, model.digest)
         self.calls[key] += 1
         if self.errors:
             raise self.errors.pop(0)
@@ -55,7 +61,7 @@ class FakeCompiler:
             (staging / LIBRARY_NAME).write_bytes(b"not a real library")
             manifest = Manifest(
                 key=key,
-                model_digest=model.digest,
+                graph_digest=model.graph_digest,
                 bucket={k: list(v) for k, v in bucket.items()},
                 target=target,
                 tvm_version=f"fake-{COMPILER_VERSION}",
@@ -111,7 +117,7 @@ class FakeKernels:
         self.delay = delay
         self.opened: list[SlowEngine] = []
 
-    def __call__(self, library: Path, signature, target) -> Engine:
+    def __call__(self, library: Path, signature, target, weights) -> Engine:
         assert Path(library).is_file()
         engine = SlowEngine(OrtEngine(self.model_bytes, spinning=False), self.delay)
         self.opened.append(engine)

@@ -1,0 +1,94 @@
+"""Weights held once per model version, against a real server: a retrained model (same architecture,
+new weights) reuses every kernel with 0 compiles, and a deleted model gives its memory back."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from compiler.engines import OrtEngine
+from compiler.weights import weight_bytes
+from tests import synthetic
+from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.integration.test_serving import predict, upload, wait_ready
+
+ENCODER = {"layers": 1, "hidden": 64, "heads": 4, "seq": 16}
+CONFIG = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "warm_buckets": [{"x": [2, 16, 64]}]}
+LABEL = "x=2x16x64"
+
+
+@pytest.fixture
+def server(tmp_path):
+    process = ServerProcess(tmp_path / "data", routing="compiled").start()
+    yield process
+    process.stop()
+
+
+def _metric(client, name: str, **labels) -> float:
+    return metric_value(client.get("/metrics").text, name, **labels)
+
+
+def _engine(client, model: str, label: str) -> str | None:
+    buckets = client.get(f"/models/{model}").json()["buckets"]
+    return next((b["engine"] for b in buckets if b["bucket"] == label and b["state"] == "ready"), None)
+
+
+def test_new_weights_are_served_by_the_same_kernels_without_a_compile(server):
+    data = synthetic.bert_encoder_model(**ENCODER)
+    retrained = synthetic.reweighted(data, 3)
+    x = np.random.default_rng(1).standard_normal((2, 16, 64)).astype(np.float32)
+    with server.client() as http:
+        assert upload(http, "enc", data, CONFIG).status_code == 201
+        wait_ready(http, "enc", LABEL)
+        assert _engine(http, "enc", LABEL) == "tvm"
+        compiles = _metric(http, "jitserve_compiles_total", model="enc")
+        assert compiles == 1
+
+        response = upload(http, "enc", retrained, CONFIG, replace="true")
+        assert response.status_code == 201, response.text
+        answered = time.monotonic()
+        wait_until(lambda: _engine(http, "enc", LABEL) == "tvm", timeout=30, interval=0.05, what="the kernel")
+        print(f"served by its kernel {time.monotonic() - answered:.2f} s after the replace answered")
+
+        body = predict(http, "enc", x)
+        assert body["version"] == 2 and body["engine"] == "tvm"
+        want = OrtEngine(retrained).run({"x": x})["y"]
+        np.testing.assert_allclose(np.array(body["outputs"]["y"], np.float32), want, rtol=1e-3, atol=1e-4)
+        old = OrtEngine(data).run({"x": x})["y"]
+        assert not np.allclose(want, old, atol=1e-3)  # the new weights are the ones running
+        assert _metric(http, "jitserve_compiles_total", model="enc") == compiles  # 0 compiles
+        assert _metric(http, "jitserve_kernel_reloads_total", model="enc") >= 1
+        assert http.get("/readyz").status_code == 200
+
+
+def _rss(client) -> float:
+    return _metric(client, "jitserve_resident_memory_bytes")
+
+
+def test_delete_gives_the_model_memory_back(server):
+    big = synthetic.bert_encoder_model(layers=4, hidden=512, heads=8, seq=16)
+    weights = weight_bytes(__import__("onnx").load_from_string(big))
+    config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "warm_buckets": [{"x": [1, 16, 512]}]}
+    x = np.random.default_rng(2).standard_normal((1, 16, 512)).astype(np.float32)
+    with server.client() as http:
+        # TVM's and ONNX Runtime's own libraries load with the first model: measure after them.
+        small = synthetic.bert_encoder_model(**ENCODER)
+        assert upload(http, "warmup", small, CONFIG).status_code == 201
+        wait_ready(http, "warmup", LABEL)
+        predict(http, "warmup", np.zeros((2, 16, 64), np.float32))
+        before = _rss(http)
+
+        assert upload(http, "big", big, config).status_code == 201
+        uploaded = _rss(http)
+        wait_ready(http, "big", "x=1x16x512")
+        assert predict(http, "big", x)["engine"] == "tvm"
+        loaded = _rss(http)
+        assert http.delete("/models/big").status_code == 204
+        time.sleep(3)  # the second hand-back, after requests in flight
+        after = _rss(http)
+        print(f"weights {weights / 2**20:.1f} MiB; RSS before {before / 2**20:.0f}, uploaded {uploaded / 2**20:.0f}, "
+              f"compiled and run {loaded / 2**20:.0f}, after delete {after / 2**20:.0f} MiB")  # fmt: skip
+        assert loaded - before > weights  # the model was really held
+        assert after - before < 0.2 * weights
