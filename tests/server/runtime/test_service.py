@@ -100,7 +100,7 @@ def test_a_compile_killed_or_timed_out_is_retried_with_backoff_until_it_serves(t
         tmp_path, compiler, FakeKernels(DEMO), compile_retries=2, compile_retry_seconds=0.3, routing="compiled"
     )
     try:
-        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        service.register_default("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})  # served at start
         bucket = service.get("m").buckets["x=1x4"]
         wait_until(lambda: bucket.retry_pending)
         assert bucket.reason == "compile process was killed by SIGKILL; retry 1 of 2 in 0.3 s"
@@ -118,7 +118,7 @@ def test_a_transient_failure_past_the_retries_and_a_permanent_one_stay_failed(tm
     compiler = FakeCompiler(errors=[CompileCrashedError("compile process was killed by SIGKILL")] * 2)
     service = make_service(tmp_path, compiler, FakeKernels(DEMO), compile_retries=1, compile_retry_seconds=0.05)
     try:
-        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        service.register_default("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
         wait_until(lambda: service.ready()[0])
         bucket = service.get("m").buckets["x=1x4"]
         assert (bucket.state, bucket.reason) == (
@@ -126,7 +126,7 @@ def test_a_transient_failure_past_the_retries_and_a_permanent_one_stay_failed(tm
             "compile process was killed by SIGKILL (tried 2 times)",
         )
         compiler.errors.append(UnsupportedOperatorError("no converter for Det"))
-        service.register("p", DEMO, CONFIG | {"warm_buckets": [{"x": [2, 4]}]})
+        service.register_default("p", DEMO, CONFIG | {"warm_buckets": [{"x": [2, 4]}]})
         wait_until(lambda: service.ready()[0])
         permanent = service.get("p").buckets["x=2x4"]
         assert (permanent.state, permanent.reason, permanent.attempts) == (
@@ -143,7 +143,7 @@ def test_failed_verification_leaves_the_bucket_on_onnxruntime(tmp_path):
     compiler = FakeCompiler(verified=False)
     service = make_service(tmp_path, compiler, FakeKernels(DEMO))
     try:
-        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        service.register_default("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
         wait_until(lambda: service.ready()[0])
         described = service.describe("m")["buckets"][0]
         assert described["state"] == "failed"
@@ -293,4 +293,24 @@ def test_tuning_progress_is_live_and_counted_once(tmp_path, compiler):
         assert trials._value.get() == 5  # the rest at the end, nothing twice
         assert not list(service.artifacts.staging_root.glob("progress.*"))
     finally:
+        service.close()
+
+
+def test_an_upload_with_warm_buckets_never_takes_a_running_server_out_of_service(tmp_path):
+    compiler = FakeCompiler()
+    compiler.gate.clear()
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), routing="compiled")
+    try:
+        assert service.ready() == (True, [])
+        service.register("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})
+        assert compiler.started.wait(10)
+        bucket = service.get("m").buckets["x=1x4"]
+        assert bucket.state is BucketState.COMPILING
+        assert service.ready() == (True, [])  # ONNX Runtime answers it meanwhile
+        assert service.predict("m", {"x": rows(1)}).engine == "onnxruntime"
+        compiler.gate.set()
+        wait_until(lambda: bucket.state is BucketState.READY)
+        assert service.predict("m", {"x": rows(1)}).engine == "tvm"
+    finally:
+        compiler.gate.set()
         service.close()
