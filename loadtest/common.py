@@ -54,3 +54,15 @@ def config_with_warm_bucket(path: Path | None, shapes: dict[str, tuple[int, ...]
     config = json.loads(path.read_text()) if path else {}
     config.setdefault("warm_buckets", [{k: list(v) for k, v in shapes.items()}])
     return config
+
+
+def wait_warm(url: str, names: list[str], timeout: float = 1200) -> None:
+    """Until every warm bucket of ``names`` is ready or failed. ``/readyz`` does not wait for models
+    uploaded after the start: ONNX Runtime serves them while they compile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        buckets = [b for name in names for b in httpx.get(f"{url}/models/{name}", timeout=10).json()["buckets"]]
+        if all(b["state"] in ("ready", "failed") for b in buckets if b["warm"]):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"warm buckets of {names} did not settle in {timeout:g} s")

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from compiler.demo import demo_model_bytes  # noqa: E402
-from loadtest.common import start_server  # noqa: E402
+from loadtest.common import start_server, wait_warm  # noqa: E402
 from tests.realmodels import CLS, real_model  # noqa: E402
 
 MODELS = {"demo": ("x", (1, 4)), "cls": ("x", (1, 3, 48, 192))}
@@ -190,9 +190,7 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
         for model, config in ((name, warm), (f"{name}-batched", {**warm, "dynamic_batching": BATCHING})):
             files = {"model": ("model.onnx", path.read_bytes()), "config": ("config.json", json.dumps(config))}
             httpx.put(f"{url}/models/{model}", files=files, timeout=300).raise_for_status()
-        deadline = time.monotonic() + 1200
-        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200 and time.monotonic() < deadline:
-            time.sleep(1)
+        wait_warm(url, [name, f"{name}-batched"])
         loads = [
             ("naive", "JSON", f"{naive_url}/predict", wrk_script(folder, f"{name}-naive", json_body, json_headers)),
             ("jitserve", "JSON", f"{url}/predict", wrk_script(folder, f"{name}-json", json_body, json_headers)),

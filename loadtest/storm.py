@@ -37,7 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from loadtest.common import start_server  # noqa: E402
+from loadtest.common import start_server, wait_warm  # noqa: E402
 from loadtest.compare import cpu_line, v2_binary_body  # noqa: E402
 from tests.realmodels import REC, real_model  # noqa: E402
 
@@ -109,10 +109,7 @@ def run(args: argparse.Namespace) -> dict:
                 "config": ("config.json", json.dumps(CONFIG), "application/json"),
             }
             httpx.put(f"{url}/models/rec", files=files, timeout=600).raise_for_status()
-            deadline = time.monotonic() + 900
-            while httpx.get(f"{url}/readyz").status_code != 200:
-                assert time.monotonic() < deadline, "the warm bucket never compiled"
-                time.sleep(1)
+            wait_warm(url, ["rec"], timeout=900)
             hot = httpx.get(f"{url}/models/rec").json()["buckets"][0]
 
             before: list[float] = []

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import config_with_warm_bucket, parse_shapes, start_server
+from common import config_with_warm_bucket, parse_shapes, start_server, wait_warm
 
 
 def _bucket(client: httpx.Client) -> dict:
@@ -42,8 +42,7 @@ def phase(model: Path, body: bytes, config: dict, *, tuning: bool, requests: int
             with httpx.Client(base_url=url, timeout=600) as client:
                 files = {"model": ("m.onnx", model.read_bytes()), "config": ("c.json", json.dumps(config))}
                 client.put("/models/m", files=files).raise_for_status()
-                while not client.get("/readyz").is_success:
-                    time.sleep(0.5)
+                wait_warm(url, ["m"])
                 latencies: list[float] = []
                 deadline = time.monotonic() + 900
                 while len(latencies) < requests and time.monotonic() < deadline:

@@ -85,7 +85,7 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
             assert axes["x:3"]["padding_safety"]["safe"] is False  # global pooling sees the padding
             assert axes["x:3"]["effective_policy"] == "exact"
 
-            wait_until(lambda: client.get("/readyz").status_code == 200, what="warm bucket")
+            wait_ready(client, "cls", "x=1x3x48x192")
             engines = {}
             for n, x in batches.items():
                 first = predict(client, "cls", x)
@@ -247,7 +247,7 @@ def test_measured_routing_serves_each_bucket_with_its_fastest_engine(tmp_path):
     try:
         with server.client() as client:
             assert upload(client, "cls", data, CLS_CONFIG).status_code == 201
-            wait_until(lambda: client.get("/readyz").status_code == 200, what="warm bucket")
+            wait_ready(client, "cls", "x=1x3x48x192")
             bucket = client.get("/models/cls").json()["buckets"][0]
             assert bucket["state"] == "ready"
             latency = bucket["latency_ms"]
