@@ -21,7 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from compiler.build import ensure_prepared
 from compiler.engines import Engine, TvmEngine, device_weights
 from compiler.errors import CompileError
 from compiler.signature import Signature
@@ -186,9 +185,6 @@ class Kernels:
         manifest = self.artifacts.get(key)
         if manifest is None:
             raise CompileError(f"kernel {key[:16]} is no longer in the store")
-        # A route restored from the record, or a kernel another version compiled: this version's weights
-        # may not be prepared yet (a child prepares them, once).
-        ensure_prepared(served.model, self.artifacts, served.options)
         weights = self.weights.get(served.model.digest, target_kind(served.target)).for_kernel(manifest)
         return self._open_engine(self.artifacts.library_path(key), served.model.signature, served.target, weights)
 

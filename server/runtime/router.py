@@ -98,6 +98,8 @@ class Router:
         manifest = self.artifacts.get(routed_key) if routed_key else None
         if known.route != "onnxruntime" and (manifest is None or manifest.verified is not True):
             return False
+        if known.route != "onnxruntime" and not self.artifacts.has_prepared(served.model.digest):
+            return False  # a new version of the graph: its compile prepares the weights, then restores
         compiled = self.artifacts.get(bucket.key)
         bucket.serve(
             known.route,

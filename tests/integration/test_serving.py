@@ -164,6 +164,7 @@ def test_eviction_replace_and_missing_artifact_recompile(tmp_path):
             replaced = upload(client, "two", variant(data, "v2"), config, replace="true")
             assert replaced.status_code == 201, replaced.text
             assert replaced.json()["version"] == 2
+            assert ask(client, 1)["engine"] == "onnxruntime"  # until the new version's weights are prepared
             # Same graph, new bytes: the version reuses the stored kernels (keyed by the graph), 0 compiles.
             wait_ready(client, "two", "a=1x8,b=1x8")
             assert ask(client, 1)["engine"] == "tvm"
