@@ -59,13 +59,14 @@ def model_source(model: LoadedModel) -> bytes | str:
 
 def ensure_prepared(
     model: LoadedModel, store: ArtifactStore, options: CompileOptions | None = None, *, preparer=_prepare_in_child
-) -> Path:
+) -> tuple[Path, str | None]:
     """The model version's prepared folder (weights folded and split off once), written by a child
-    the first time; one process prepares it while its peers on the store wait."""
+    the first time; one process prepares it while its peers on the store wait. Also returns who held
+    the preparation's lease before this process prepared it (and ended without: died or failed)."""
     options = options or CompileOptions()
     directory = store.prepared_path(model.digest)
     if store.has_prepared(model.digest):
-        return directory
+        return directory, None
     try:
         lease = store.lease(
             f"prepare-{model.digest}",
@@ -75,7 +76,7 @@ def ensure_prepared(
         )
         with lease as held:
             if not held.held or store.has_prepared(model.digest):
-                return directory
+                return directory, None
             with store.staging(f"prepare-{model.digest}") as staging:
                 job = PrepareJob(model_source(model), str(staging), options.simplify)
                 run_in_child(
@@ -90,7 +91,7 @@ def ensure_prepared(
                 store.commit_prepared(staging, model.digest)
     except LeaseTimeoutError as exc:
         raise CompileTimeoutError(str(exc)) from None
-    return directory
+    return directory, held.holder
 
 
 def compile_bucket(
@@ -114,7 +115,9 @@ def compile_bucket(
     """
     options = options or CompileOptions()
     bucket = {name: tuple(d if isinstance(d, str) else int(d) for d in shape) for name, shape in bucket.items()}
-    prepared = ensure_prepared(model, store, options)  # a stored kernel needs this version's weights too
+    # A stored kernel needs this version's weights too; a dead peer's preparation taken over counts as
+    # a lease takeover of this compile.
+    prepared, prepare_taken_from = ensure_prepared(model, store, options)
     key = bucket_key(model, bucket, target, options)
     existing = store.get(key)
     if existing is not None:
@@ -172,7 +175,8 @@ def compile_bucket(
                 )
                 manifest = store.commit(staging, manifest)
             path, waited = str(store.library_path(key)), lease.waited_seconds
-            return CompileOutcome(manifest, False, path, waited_seconds=waited, took_over_from=lease.holder)
+            took_over = lease.holder or prepare_taken_from
+            return CompileOutcome(manifest, False, path, waited_seconds=waited, took_over_from=took_over)
     except LeaseTimeoutError as exc:
         raise CompileTimeoutError(str(exc)) from None
 
