@@ -115,7 +115,7 @@ class Admission:
         self._previous(name, replace)  # a taken name is refused before the expensive work
         model = load()
         check_model_fits(model.proto, model.signature, self.settings.max_tensor_bytes)
-        parsed = self._parse_config(model, config)
+        parsed = parse_config(model, config)
         ort = self._ort(model, self._target(parsed))
         safety = self._check_padding(model, ort, parsed)
         with self._lock, self.models.locked():
@@ -253,33 +253,6 @@ class Admission:
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
             raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
 
-    def _parse_config(self, model: LoadedModel, config: dict | None) -> ModelConfig:
-        try:
-            parsed = ModelConfig.model_validate(config or {})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise BadRequestError(f"invalid config at {where or 'top level'}: {first['msg']}") from None
-        axes = model.signature.axes()
-        for axis in parsed.axes:
-            if axis not in axes:
-                raise BadRequestError(f"config names axis {axis!r}; the model's symbolic axes are {sorted(axes)}")
-        for axis in parsed.probe_sizes:
-            if axis not in axes:
-                raise BadRequestError(f"config probe_sizes names axis {axis!r}; the model's axes are {sorted(axes)}")
-        for name in parsed.pad_values:
-            if name not in model.signature.input_names:
-                raise BadRequestError(f"config pad_values names unknown input {name!r}")
-        batching, axis = parsed.dynamic_batching, leading_axis(model.signature)
-        if batching is not None and axis is not None:
-            largest = parsed.policy_for(axis).largest
-            if largest is not None and batching.max_batch_size > largest:
-                raise BadRequestError(
-                    f"config dynamic_batching.max_batch_size {batching.max_batch_size} is beyond "
-                    f"the largest bucket of axis {axis!r} ({largest})"
-                )
-        return parsed
-
     def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
         options = self._options(config)
         check_sizes_fit(model.signature, config.probe_sizes, self.settings.max_tensor_bytes, "probe_sizes")
@@ -298,6 +271,35 @@ class Admission:
             seconds=self.settings.probe_seconds,
             cancelled=self.closing,
         )
+
+
+def parse_config(model: LoadedModel, config: dict | None) -> ModelConfig:
+    """The upload's config, checked against the model's axes and inputs."""
+    try:
+        parsed = ModelConfig.model_validate(config or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BadRequestError(f"invalid config at {where or 'top level'}: {first['msg']}") from None
+    axes = model.signature.axes()
+    for axis in parsed.axes:
+        if axis not in axes:
+            raise BadRequestError(f"config names axis {axis!r}; the model's symbolic axes are {sorted(axes)}")
+    for axis in parsed.probe_sizes:
+        if axis not in axes:
+            raise BadRequestError(f"config probe_sizes names axis {axis!r}; the model's axes are {sorted(axes)}")
+    for name in parsed.pad_values:
+        if name not in model.signature.input_names:
+            raise BadRequestError(f"config pad_values names unknown input {name!r}")
+    batching, axis = parsed.dynamic_batching, leading_axis(model.signature)
+    if batching is not None and axis is not None:
+        largest = parsed.policy_for(axis).largest
+        if largest is not None and batching.max_batch_size > largest:
+            raise BadRequestError(
+                f"config dynamic_batching.max_batch_size {batching.max_batch_size} is beyond "
+                f"the largest bucket of axis {axis!r} ({largest})"
+            )
+    return parsed
 
 
 def check_warm_sizes(served: ServedModel, limit: int) -> None:

@@ -97,6 +97,20 @@ def variant(data: bytes, text: str) -> bytes:
     return model.SerializeToString()
 
 
+def new_graph_variant(data: bytes, text: str) -> bytes:
+    """A new version whose graph differs: its first small constant (one kernels bake in, unlike a weight)
+    scaled, so every bucket recompiles."""
+    import onnx
+    from onnx import numpy_helper
+
+    from compiler.weights import is_weight
+
+    model = onnx.load_from_string(variant(data, text))
+    tensor = next(t for t in model.graph.initializer if not is_weight(t))
+    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * 2, tensor.name))
+    return model.SerializeToString()
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of ``name`` whose labels include ``labels``."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -25,7 +25,16 @@ import yaml
 
 from compiler.demo import demo_model_bytes
 from server.runtime.metrics import Metrics
-from tests.integration.serverproc import REPO, ServerProcess, free_port, metric_value, stop_process, variant, wait_until
+from tests.integration.serverproc import (
+    REPO,
+    ServerProcess,
+    free_port,
+    metric_value,
+    new_graph_variant,
+    stop_process,
+    variant,
+    wait_until,
+)
 from tests.integration.test_serving import upload, wait_ready
 
 PROMETHEUS_CONFIG = REPO / "configs" / "prometheus" / "prometheus.yml"
@@ -228,7 +237,7 @@ def generate_load(client) -> None:
     assert upload(client, "batched", variant(clf, "batched"), BATCHED_CONFIG).status_code == 201
     ask(client, "batched", 2)
 
-    replaced = upload(client, "clf", variant(clf, "v2"), CLF_CONFIG, replace="true")
+    replaced = upload(client, "clf", new_graph_variant(clf, "v2"), CLF_CONFIG, replace="true")
     assert replaced.status_code == 201 and replaced.json()["version"] == 2, replaced.text
     ask(client, "clf", 1)
     wait_ready(client, "clf", CLF_BUCKETS[1])  # a recompile: new_model_version
