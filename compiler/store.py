@@ -263,9 +263,16 @@ class ArtifactStore:
             if not self.has_prepared(model_digest):
                 raise
 
+    def delete_prepared(self, model_digest: str) -> bool:
+        try:
+            self.staging_area.discard(self.prepared_path(model_digest))  # never half-removed under its name
+        except FileNotFoundError:
+            return False
+        return True
+
     def keys(self) -> Iterator[str]:
         for shard in self.artifacts.iterdir():
-            for entry in shard.iterdir():
+            for entry in shard.iterdir() if shard.is_dir() else []:
                 if (entry / MANIFEST_NAME).is_file():
                     yield entry.name
 

@@ -32,6 +32,10 @@ class Bucket(BaseModel):
         "request (an approximate axis's kernel serves only within its tolerance)"
     )
     compile_seconds: float | None
+    kernel: str = Field(
+        description="the key of the bucket's kernel in the store: the same for every version and model with this "
+        "graph (weights are parameters), whether compiled yet or not"
+    )
     hits: int = Field(description="requests served from this bucket")
     traffic: float = Field(
         description="recent requests, each decaying over the compile admission window: orders compiles and evictions"

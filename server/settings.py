@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from compiler.options import CompileSettings
 
@@ -144,6 +144,20 @@ class Settings(CompileSettings):
     kernel_cache_bytes: int = 1024 * 1024 * 1024
     """Most bytes of kernel libraries held loaded in memory (LRU)."""
 
+    kernel_store_bytes: int = Field(10 * 1024**3, ge=0)
+    """Budget of the artifact store on disk (kernels and each model version's prepared weights). Past it a
+    sweep removes kernels and weights of deleted models and superseded versions first, then the least
+    recently used kernels (compiled again if needed); never a kernel in use, never a stored version's
+    weights. 0: no budget."""
+
+    kernel_store_grace_seconds: float = Field(600.0, gt=0)
+    """The store's budget removes only what no process has used for this long: a replica still serving an
+    old version, or loading a kernel a peer just built, finishes first."""
+
+    kernel_store_sweep_seconds: float = Field(60.0, gt=0)
+    """How often the store's budget is enforced (and what this process holds is marked as used); shorter
+    than ``kernel_store_grace_seconds``."""
+
     routing: Literal["measured", "compiled"] = "measured"
     """``measured``: each bucket is served by its fastest verified engine, timed on the bucket;
     ``compiled``: by its verified TVM kernel whenever there is one."""
@@ -181,6 +195,13 @@ class Settings(CompileSettings):
 
     tuning_rpc_key: str = Field("jitserve", pattern=r"^[A-Za-z0-9_.-]+$")
     """The device key the tracker's RPC servers registered under (``rpc_server --key``)."""
+
+    @model_validator(mode="after")
+    def _sweeps_within_grace(self) -> Settings:
+        # A peer's kernels in memory are marked used at each of its sweeps: a longer sweep lets them look idle.
+        if self.kernel_store_sweep_seconds >= self.kernel_store_grace_seconds:
+            raise ValueError("kernel_store_sweep_seconds must be shorter than kernel_store_grace_seconds")
+        return self
 
     @property
     def model_store_dir(self) -> Path:

@@ -25,6 +25,7 @@ from compiler.engines import Engine, TvmEngine, device_weights
 from compiler.errors import CompileError
 from compiler.signature import Signature
 from compiler.store import ArtifactStore, Manifest
+from compiler.store_budget import touch
 from compiler.target import target_kind
 from compiler.weights import load_weights
 
@@ -88,6 +89,10 @@ class KernelCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def cached_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
 
     def __contains__(self, key: str) -> bool:
         return key in self._entries
@@ -190,11 +195,16 @@ class Kernels:
 
     def load(self, served: ServedModel, key: str) -> Engine:
         engine = self.open(served, key)
+        touch(self.artifacts, {key})  # used now: the store's budget removes the longest unused first
         manifest = self.artifacts.get(key)
         # The code's bytes: the weights are the model version's, counted once (weights_bytes).
         self.cache.put(self.cache_key(served, key), engine, manifest.library_bytes if manifest else 0)
         self.metrics.set_cache_entries(entries=len(self.cache))
         return engine
+
+    def loaded_keys(self) -> set[str]:
+        """The store keys of the kernels held in memory (whichever versions' weights they run with)."""
+        return {cache_key.partition("@")[0] for cache_key in self.cache.cached_keys()}
 
     def forget(self, served: ServedModel) -> None:
         """A model version retired: its kernels leave the cache, and its weights go with the last one

@@ -16,6 +16,8 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from compiler.store_budget import REMOVAL_REASONS
+
 COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -89,6 +91,7 @@ class Metrics:
             registry=r,
         )
         self.fleet = FleetMetrics(r)
+        self.store = StoreMetrics(r)
         self.cache_evictions = Counter(
             "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache.", registry=r
         )
@@ -307,3 +310,38 @@ class FleetMetrics:
 
     def record_store_follow(self, *, change: str) -> None:
         self.store_follows.labels(change).inc()
+
+
+class StoreMetrics:
+    """The artifact store's size against its budget, and what the budget removed."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.bytes = Gauge(
+            "jitserve_kernel_store_bytes",
+            "Bytes of the artifact store (kernels and prepared weights) after the last budget sweep.",
+            registry=registry,
+        )
+        self.removals = Counter(
+            "jitserve_kernel_store_removals_total",
+            "Entries the store's budget removed, by kind (kernel, weights) and reason (unreferenced: a deleted "
+            "model's or superseded version's; least_recently_used).",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.removed_bytes = Counter(
+            "jitserve_kernel_store_removed_bytes_total",
+            "Bytes the store's budget removed, by kind and reason.",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        for kind in ("kernel", "weights"):  # zero before the first one: a dashboard shows 0, not "no data"
+            for reason in REMOVAL_REASONS:
+                self.removals.labels(kind, reason)
+                self.removed_bytes.labels(kind, reason)
+
+    def set_bytes(self, *, total: int) -> None:
+        self.bytes.set(total)
+
+    def record_removal(self, *, kind: str, reason: str, size: int) -> None:
+        self.removals.labels(kind, reason).inc()
+        self.removed_bytes.labels(kind, reason).inc(size)

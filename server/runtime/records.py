@@ -193,6 +193,15 @@ class ModelStore:
             return None
         return record, data
 
+    def current_records(self) -> list[ModelRecord]:
+        """Every stored model's newest record, without its bytes (unreadable ones skipped)."""
+        records = []
+        for name, version in self.current_versions().items():
+            with contextlib.suppress(OSError, ValueError):
+                text = (self._dir(name, version) / RECORD_FILE).read_text()
+                records.append(ModelRecord.model_validate_json(text))
+        return records
+
     def load_all(self) -> tuple[list[tuple[ModelRecord, bytes]], int]:
         """Every stored model's current version, and how many were skipped as damaged (logged)."""
         names = self.names()

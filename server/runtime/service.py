@@ -38,6 +38,7 @@ from .records import ModelStore
 from .registry import Registry, ServedModel
 from .router import Router
 from .scheduler import CompileScheduler
+from .store_janitor import StoreJanitor
 from .store_watch import StoreWatch
 from .tuner import BackgroundTuner
 
@@ -97,11 +98,19 @@ class ModelService:
             self.scheduler,
             kernel_threads=kernel_threads,
             tuning_database_dir=self.tuning_database_dir,
-            start_batcher=self._start_batcher,
+            start_batcher=partial(start_batcher, settings=settings, inference=self.inference, metrics=metrics),
         )
         self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
         self.store_watch = StoreWatch(
             self.models_store, self.admission.follow_store, metrics, interval=settings.model_watch_seconds
+        )
+        self.store_janitor = StoreJanitor(
+            settings,
+            self.artifacts,
+            self.models_store,
+            served=self.registry.all,
+            in_use=self.kernels.loaded_keys,
+            metrics=metrics,
         )
         self.body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
         self.json_parsers = JsonParsers(settings.json_parse_processes)
@@ -127,6 +136,8 @@ class ModelService:
         if self.jit_enabled and self.settings.tuning_enabled:
             self.tuner.start()
         self.store_watch.start()
+        if self.settings.kernel_store_bytes:
+            self.store_janitor.start()
 
     def _release(self, served: ServedModel) -> None:
         """A version deleted, replaced or unloaded: its kernels and weights go, and the memory goes back to
@@ -142,6 +153,7 @@ class ModelService:
         tuning children killed, so their threads return at once."""
         self.admission.close()
         self.store_watch.stop()
+        self.store_janitor.stop()
         self.tuner.stop()
         for served in self.registry.all():
             served.retire()
@@ -286,13 +298,23 @@ class ModelService:
         """Count a prediction refused before it ran (bad body, bad inputs, full queue)."""
         self.inference.reject(name, error)
 
-    def _start_batcher(self, served: ServedModel, config: DynamicBatching, preferred: set[int]) -> DynamicBatcher:
-        return DynamicBatcher(
-            served.name,
-            config,
-            preferred,
-            self.inference.execute_batch,
-            self.metrics,
-            instances=self.settings.inference_threads,
-            executor=self.inference.pool,
-        )
+
+def start_batcher(
+    served: ServedModel,
+    config: DynamicBatching,
+    preferred: set[int],
+    *,
+    settings: Settings,
+    inference: Inference,
+    metrics: Metrics,
+) -> DynamicBatcher:
+    """A model's dynamic batcher, running its batches on the inference pool."""
+    return DynamicBatcher(
+        served.name,
+        config,
+        preferred,
+        inference.execute_batch,
+        metrics,
+        instances=settings.inference_threads,
+        executor=inference.pool,
+    )

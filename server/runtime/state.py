@@ -239,6 +239,7 @@ class ServedBucket:
                 "latency_ms": dict(self.latency_ms),
                 "padded_error": dict(self.padded_error),
                 "compile_seconds": self.compile_seconds,
+                "kernel": self.key,
                 "hits": self._hits,
                 "traffic": round(self.heat(time.monotonic()), 3),
                 "warm": self.warm,

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from compiler.engines import OrtEngine
+from compiler.store import ArtifactStore
 from compiler.weights import weight_bytes
 from tests import synthetic
-from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.integration.serverproc import ServerProcess, metric_value, new_graph_variant, wait_until
 from tests.integration.test_serving import predict, upload, wait_ready
 
 ENCODER = {"layers": 1, "hidden": 64, "heads": 4, "seq": 16}
@@ -92,3 +93,42 @@ def test_delete_gives_the_model_memory_back(server):
               f"compiled and run {loaded / 2**20:.0f}, after delete {after / 2**20:.0f} MiB")  # fmt: skip
         assert loaded - before > weights  # the model was really held
         assert after - before < 0.2 * weights
+
+
+def test_the_store_budget_removes_a_deleted_models_kernels_and_weights_not_the_served_ones(tmp_path):
+    """A budget of one byte: whatever may go goes. The deleted model's kernel and weights go once unused
+    for the grace period; the served model's kernel (in memory) and weights (a stored version's) stay."""
+    data = synthetic.bert_encoder_model(**ENCODER)
+    other = new_graph_variant(data, "another graph")
+    settings = {"kernel_store_bytes": 1, "kernel_store_grace_seconds": 2, "kernel_store_sweep_seconds": 0.5}
+    process = ServerProcess(tmp_path / "data", routing="compiled", **settings).start()
+    store = ArtifactStore(tmp_path / "data" / "kernels")
+    try:
+        with process.client() as http:
+            for name, model in (("gone", data), ("kept", other)):
+                assert upload(http, name, model, CONFIG).status_code == 201
+                wait_ready(http, name, LABEL)
+            described = {name: http.get(f"/models/{name}").json() for name in ("gone", "kept")}
+            digests = {name: d["digest"] for name, d in described.items()}
+            keys = {
+                name: next(b["kernel"] for b in d["buckets"] if b["bucket"] == LABEL) for name, d in described.items()
+            }
+            assert keys["gone"] != keys["kept"] and all(store.get(key) for key in keys.values())
+
+            assert http.delete("/models/gone").status_code == 204
+
+            def removed() -> bool:
+                return _metric(http, "jitserve_kernel_store_removals_total", reason="unreferenced") >= 2
+
+            wait_until(removed, timeout=30, interval=0.25, what="the budget's sweep")
+            assert store.get(keys["gone"]) is None and not store.has_prepared(digests["gone"])
+            assert store.get(keys["kept"]) is not None and store.has_prepared(digests["kept"])
+            assert _metric(http, "jitserve_kernel_store_removed_bytes_total", kind="weights") >= weight_bytes(
+                __import__("onnx").load_from_string(data)
+            )
+            assert _metric(http, "jitserve_kernel_store_bytes") > 0  # what stays: in use or needed
+            x = np.ones((2, 16, 64), np.float32)
+            assert predict(http, "kept", x)["engine"] == "tvm"
+        assert "kernel store: removed kernel" in process.log_path.read_text()
+    finally:
+        process.stop()
