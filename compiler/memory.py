@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from .errors import BadRequestError, InvalidModelError
 from .signature import Signature
+
+
+def anonymous_resident_bytes() -> int:
+    """This process's resident anonymous memory (heap, arenas; not mapped files such as libraries and
+    weights), from ``/proc/self/status``; 0 where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def tensor_bytes(shape: Iterable[int], dtype: str | np.dtype) -> int:

@@ -67,6 +67,9 @@ class Manifest(BaseModel):
     rtol: float
     atol: float
     library_bytes: int
+    workspace_bytes: int | None = None
+    """Memory a loaded kernel kept after its verification runs beyond its code and the weights (the VM's
+    pooled workspace), measured in the compile child on CPU; None where not measured."""
     created_at: float
     tuning: dict | None = None
     schedule_digest: str | None = None

@@ -142,7 +142,9 @@ class Settings(CompileSettings):
     """Most kernels held loaded in memory (LRU); evicted ones reload from the store."""
 
     kernel_cache_bytes: int = 1024 * 1024 * 1024
-    """Most bytes of kernel libraries held loaded in memory (LRU)."""
+    """Most bytes held by loaded kernels (LRU): each kernel's code and the workspace it keeps between runs,
+    measured when it was verified. The weights are not counted here: once per model version, they are the
+    model's memory (see ``memory_bytes``)."""
 
     kernel_store_bytes: int = Field(10 * 1024**3, ge=0)
     """Budget of the artifact store on disk (kernels and each model version's prepared weights). Past it a

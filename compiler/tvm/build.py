@@ -23,6 +23,7 @@ from ..arrays import compare_outputs, random_inputs
 from ..buckets import is_symbolic
 from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
+from ..memory import anonymous_resident_bytes
 from ..options import BuildJob, read_source
 from ..weights import GRAPH_NAME, load_weights
 from .pipeline import build_pipeline
@@ -180,21 +181,28 @@ def build_and_verify(job: BuildJob) -> dict:
         return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}
 
     device = job.target["kind"]
+    anonymous_before = anonymous_resident_bytes()
     kernel = TvmEngine(
         job.library_path, job.input_names, job.output_names, device=device, weights=[weights[n] for n in weight_names]
     )
-    reference = OrtEngine(read_source(job.model_source), cuda=on_cuda)
-    verdicts = []  # (where, comparison)
+    # Every kernel run first, with ONNX Runtime not loaded yet: the anonymous memory the process grew by,
+    # less the arrays still held, is what the loaded kernel keeps beyond its code and the (mapped) weights:
+    # the VM's pooled workspace.
+    runs = []  # (where, inputs, kernel's outputs)
     for shapes in verification_shapes(job):
         inputs = random_inputs(shapes, job.dtypes, job.seed, job.index_limits)
-        comparison = compare_outputs(kernel.run(inputs), reference.run(inputs), job.rtol, job.atol)
-        verdicts.append((_label(shapes), comparison))
+        runs.append((_label(shapes), inputs, kernel.run(inputs)))
     # All zeros too (padding tokens, black images, silence): a kernel that divides by a variance or norm
     # must give what ONNX Runtime gives, NaN where it gives NaN.
     zeros = {name: np.zeros_like(array) for name, array in inputs.items()}
-    verdicts.append(
-        (f"all-zero {_label(shapes)}", compare_outputs(kernel.run(zeros), reference.run(zeros), job.rtol, job.atol))
-    )
+    runs.append((f"all-zero {_label(shapes)}", zeros, kernel.run(zeros)))
+    held = sum(a.nbytes for _, ins, outs in runs for a in (*ins.values(), *outs.values()))
+    grown = anonymous_resident_bytes() - anonymous_before - held
+    facts["workspace_bytes"] = max(grown, 0) if device == "llvm" else None
+    reference = OrtEngine(read_source(job.model_source), cuda=on_cuda)
+    verdicts = [
+        (where, compare_outputs(outputs, reference.run(inputs), job.rtol, job.atol)) for where, inputs, outputs in runs
+    ]
     clock.lap("verify")
     facts["compile_stages"] = clock.rounded()
     failed = [(where, c) for where, c in verdicts if not c.matches]

@@ -102,6 +102,10 @@ class KernelCache:
         return self._bytes
 
 
+def kernel_memory(manifest: Manifest) -> int:
+    return manifest.library_bytes + (manifest.workspace_bytes or 0)
+
+
 def open_tvm_engine(library: Path, signature: Signature, target: dict, weights: list) -> Engine:
     return TvmEngine(
         library, signature.input_names, signature.output_names, device=target_kind(target), weights=weights
@@ -197,8 +201,8 @@ class Kernels:
         engine = self.open(served, key)
         touch(self.artifacts, {key})  # used now: the store's budget removes the longest unused first
         manifest = self.artifacts.get(key)
-        # The code's bytes: the weights are the model version's, counted once (weights_bytes).
-        self.cache.put(self.cache_key(served, key), engine, manifest.library_bytes if manifest else 0)
+        # What the kernel holds: its code and workspace. The weights are the version's, shared by its kernels.
+        self.cache.put(self.cache_key(served, key), engine, kernel_memory(manifest) if manifest else 0)
         self.metrics.set_cache_entries(entries=len(self.cache))
         return engine
 

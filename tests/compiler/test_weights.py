@@ -74,3 +74,14 @@ def test_new_weights_reuse_the_kernel_and_run_with_their_own_weights(tmp_path, d
     first_out = open_kernel(first_model, first, store).run(x)
     second_out = open_kernel(second_model, first, store).run(x)
     assert not np.allclose(next(iter(first_out.values())), next(iter(second_out.values())))
+
+
+def test_a_kernel_records_the_workspace_it_keeps_and_a_bigger_bucket_keeps_more(tmp_path):
+    """Measured in the compile child: what a loaded kernel holds beyond its code and the weights (the
+    kernel cache's byte cap counts it)."""
+    store = ArtifactStore(tmp_path)
+    model = _load(synthetic.bert_encoder_model(layers=1, hidden=128, heads=4, seq=64))
+    small, large = (compile_bucket(model, {"x": (n, 64, 128)}, resolve_target("llvm"), store).manifest for n in (1, 16))
+    assert small.verified and large.verified
+    # Batch 16's intermediates alone (16x64x512 floats in the FFN, 16x4x64x64 attention scores) pass 2 MiB.
+    assert large.workspace_bytes > 2 * 2**20 > small.workspace_bytes >= 0
