@@ -40,6 +40,12 @@ class PayloadTooLargeError(JitServeError):
     http_status = 413
 
 
+class InsufficientMemoryError(JitServeError):
+    """An upload whose weights would not fit in the server's memory beside the models it serves."""
+
+    http_status = 507
+
+
 class InvalidModelError(JitServeError):
     """The uploaded bytes are not a model jitserve can serve."""
 

@@ -8,12 +8,14 @@ of failing at the first probe or request with an allocation error.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 
 from .errors import BadRequestError, InvalidModelError
 from .signature import Signature
@@ -29,6 +31,16 @@ def anonymous_resident_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+def process_tree_resident_bytes() -> tuple[int, int]:
+    """Resident bytes of this process, and of its children summed (those ending meanwhile skipped)."""
+    process = psutil.Process()
+    children = 0
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            children += child.memory_info().rss
+    return process.memory_info().rss, children
 
 
 def tensor_bytes(shape: Iterable[int], dtype: str | np.dtype) -> int:

@@ -65,7 +65,7 @@ def service_of(request: Request) -> ModelService:
     status_code=201,
     response_model=ModelDescription,
     dependencies=[Depends(require_admin)],
-    responses=error_responses(400, 401, 409, 413, 422, 503),
+    responses=error_responses(400, 401, 409, 413, 422, 503, 507),
     openapi_extra={"requestBody": UPLOAD_BODY},
 )
 async def upload_model(name: str, request: Request, replace: bool = False) -> dict:

@@ -146,6 +146,12 @@ class Settings(CompileSettings):
     measured when it was verified. The weights are not counted here: once per model version, they are the
     model's memory (see ``memory_bytes``)."""
 
+    memory_bytes: int | None = Field(None, ge=0)
+    """Memory the server may use (none: the container's limit, else the machine's). An upload whose weights
+    would take the server and its children past it (about 3x the weights: ONNX Runtime's session with its
+    prepacked copies, and the kernels' weights) is refused with 507 instead of the server being killed for
+    memory later. 0: no check."""
+
     kernel_store_bytes: int = Field(10 * 1024**3, ge=0)
     """Budget of the artifact store on disk (kernels and each model version's prepared weights). Past it a
     sweep removes kernels and weights of deleted models and superseded versions first, then the least

@@ -413,3 +413,17 @@ def conv_bn_model(channels: int = 16, size: int = 32) -> bytes:
         [value("y", "float32", ["N", channels, size, size])],
     )
     return make_model(graph).SerializeToString()
+
+
+def heavy_model(weight_bytes: int) -> bytes:
+    """``x: [batch, n] @ W: [n, n]`` with ``W`` about ``weight_bytes`` of float32: a model that weighs."""
+    n = int((weight_bytes / 4) ** 0.5)
+    weight = np.random.default_rng(5).random((n, n), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "heavy",
+        [value("x", "float32", ["batch", n])],
+        [value("y", "float32", ["batch", n])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return make_model(graph, check=False).SerializeToString()

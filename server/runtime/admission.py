@@ -31,6 +31,7 @@ from compiler.target import resolve_target
 
 from ..settings import Settings
 from .batcher import DynamicBatcher, DynamicBatching, find_batch_axis, leading_axis
+from .memory_guard import MemoryGuard
 from .records import ModelConfig, ModelRecord, ModelStore, check_model_name
 from .registry import Registry, ServedModel
 from .scheduler import CompileScheduler
@@ -56,8 +57,10 @@ class Admission:
         kernel_threads: int,
         tuning_database_dir: Path,
         start_batcher: BatcherFactory,
+        memory_guard: MemoryGuard,
     ) -> None:
-        """``start_batcher`` gives a model with a usable batch axis its dynamic batcher."""
+        """``start_batcher`` gives a model with a usable batch axis its dynamic batcher; ``memory_guard``
+        refuses uploads that would not fit in memory."""
         self.settings = settings
         self.registry = registry
         self.models = models
@@ -65,6 +68,7 @@ class Admission:
         self.kernel_threads = kernel_threads
         self.tuning_database_dir = tuning_database_dir
         self.start_batcher = start_batcher
+        self.memory_guard = memory_guard
         # One upload or delete at a time: versions and the store stay consistent.
         self._lock = threading.Lock()
         self.closing = threading.Event()
@@ -114,6 +118,7 @@ class Admission:
         check_model_name(name)
         self._previous(name, replace)  # a taken name is refused before the expensive work
         model = load()
+        self.memory_guard.check_upload(name, model.weight_bytes)  # before ONNX Runtime takes its copies
         check_model_fits(model.proto, model.signature, self.settings.max_tensor_bytes)
         parsed = parse_config(model, config)
         ort = self._ort(model, self._target(parsed))

@@ -9,13 +9,12 @@ and reasons are small fixed sets.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
-import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from compiler.memory import process_tree_resident_bytes
 from compiler.store_budget import REMOVAL_REASONS
 
 COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
@@ -92,6 +91,7 @@ class Metrics:
         )
         self.fleet = FleetMetrics(r)
         self.store = StoreMetrics(r)
+        self.memory_admission = MemoryAdmissionMetrics(r)
         self.cache_evictions = Counter(
             "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache.", registry=r
         )
@@ -254,13 +254,9 @@ class Metrics:
         self._before_scrape.append(refresh)
 
     def _refresh_memory(self) -> None:
-        server = psutil.Process()
-        self.memory.set(server.memory_info().rss)
-        total = 0
-        for child in server.children(recursive=True):
-            with contextlib.suppress(psutil.Error):  # ended meanwhile
-                total += child.memory_info().rss
-        self.children_memory.set(total)
+        server, children = process_tree_resident_bytes()
+        self.memory.set(server)
+        self.children_memory.set(children)
 
     def exposition(self) -> bytes:
         for refresh in self._before_scrape:
@@ -345,3 +341,33 @@ class StoreMetrics:
     def record_removal(self, *, kind: str, reason: str, size: int) -> None:
         self.removals.labels(kind, reason).inc()
         self.removed_bytes.labels(kind, reason).inc(size)
+
+
+class MemoryAdmissionMetrics:
+    """The memory limit uploads are admitted against, the weights held, and the uploads refused."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.limit = Gauge(
+            "jitserve_memory_limit_bytes",
+            "The memory uploads are admitted against (JITSERVE_MEMORY_BYTES, else the container's limit).",
+            registry=registry,
+        )
+        self.weights = Gauge(
+            "jitserve_weights_bytes",
+            "Bytes of model weights mapped for the kernels, once per model version, shared by its buckets.",
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "jitserve_uploads_refused_for_memory_total",
+            "Uploads refused (507) because their weights would not fit in memory beside the served models.",
+            registry=registry,
+        )
+
+    def set_limit(self, *, limit: int) -> None:
+        self.limit.set(limit)
+
+    def set_weights(self, *, total: int) -> None:
+        self.weights.set(total)
+
+    def record_refusal(self) -> None:
+        self.refusals.inc()

@@ -33,6 +33,7 @@ from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
 from .inference import Inference, Job, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine, return_memory
+from .memory_guard import MemoryGuard
 from .metrics import Metrics
 from .records import ModelStore
 from .registry import Registry, ServedModel
@@ -99,6 +100,7 @@ class ModelService:
             kernel_threads=kernel_threads,
             tuning_database_dir=self.tuning_database_dir,
             start_batcher=partial(start_batcher, settings=settings, inference=self.inference, metrics=metrics),
+            memory_guard=MemoryGuard(settings.memory_bytes, metrics, lambda: self.kernels.weights.total_bytes),
         )
         self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
         self.store_watch = StoreWatch(

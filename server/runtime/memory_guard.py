@@ -1,0 +1,60 @@
+"""Memory-aware admission: an upload whose weights cannot fit in the server's
+memory beside what it serves is refused at once (507, naming the sizes),
+rather than the server being killed for memory later, mid-compile or
+mid-request, with every model it serves."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from compiler.errors import InsufficientMemoryError
+from compiler.memory import process_tree_resident_bytes
+
+from .metrics import Metrics
+
+UPLOAD_WEIGHT_FACTOR = 3.0
+"""Memory a served model adds per byte of its weights, measured (README, Memory): ONNX Runtime's session
+with its prepacked GEMM weights about 2x, the kernels' mapped weights 1x."""
+
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def detected_memory_limit() -> int:
+    """The container's memory limit (cgroup v2, else v1), else the machine's memory."""
+    machine = psutil.virtual_memory().total
+    for path in CGROUP_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            text = path.read_text().strip()
+            if text != "max":
+                return min(int(text), machine)  # v1 says "no limit" with a huge number
+    return machine
+
+
+class MemoryGuard:
+    def __init__(self, limit_bytes: int | None, metrics: Metrics, weights_bytes: Callable[[], int]) -> None:
+        """``limit_bytes`` None: the detected limit; 0: no check. ``weights_bytes``: the weights mapped now."""
+        self.limit = detected_memory_limit() if limit_bytes is None else limit_bytes
+        self.metrics = metrics
+        metrics.memory_admission.set_limit(limit=self.limit)
+        metrics.before_scrape(lambda: metrics.memory_admission.set_weights(total=weights_bytes()))
+
+    def check_upload(self, name: str, weight_bytes: int) -> None:
+        """Refuse a model whose weights would take the server past its memory limit."""
+        if not self.limit:
+            return
+        used = sum(process_tree_resident_bytes())
+        needed = int(UPLOAD_WEIGHT_FACTOR * weight_bytes)
+        if used + needed <= self.limit:
+            return
+        self.metrics.memory_admission.record_refusal()
+        mib = 2**20
+        raise InsufficientMemoryError(
+            f"model {name!r} does not fit in memory: its {weight_bytes / mib:.0f} MiB of weights need about "
+            f"{needed / mib:.0f} MiB served (ONNX Runtime's session and the kernels' weights), the server holds "
+            f"{used / mib:.0f} MiB of its {self.limit / mib:.0f} MiB (JITSERVE_MEMORY_BYTES); delete or unload a "
+            "model, or give the server more memory"
+        )
