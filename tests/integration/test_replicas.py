@@ -60,6 +60,16 @@ def replicas(tmp_path):
         replica.stop()
 
 
+def all_ready(replicas, labels: set[str]) -> bool:
+    """Whether every replica has each of ``labels`` of model ``m`` ready."""
+    for replica in replicas:
+        with replica.client() as client:
+            buckets = {b["bucket"]: b["state"] for b in client.get("/models/m").json()["buckets"]}
+        if any(buckets.get(label) != "ready" for label in labels):
+            return False
+    return True
+
+
 def version_everywhere(replicas, name: str) -> list[int | None]:
     versions = []
     for replica in replicas:
@@ -76,13 +86,39 @@ def follow_seconds(replicas, name: str, version: int | None) -> float:
     return time.monotonic() - started
 
 
+WARM = {"warm_buckets": [{"x": [8, 4]}]}
+
+
+def readiness_answers(replicas, stop: threading.Event) -> list[int]:
+    """Every replica's /readyz status, polled until ``stop``."""
+    answers = []
+    clients = [replica.client() for replica in replicas]
+    try:
+        while not stop.wait(0.05):
+            answers.extend(client.get("/readyz").status_code for client in clients)
+    finally:
+        for client in clients:
+            client.close()
+    return answers
+
+
 def test_three_replicas_compile_each_bucket_once_under_churn_and_follow_every_change(replicas, tmp_path):
     first, second, third = replicas
-    with first.client() as client:
-        assert upload(client, "m", DEMO).status_code == 201
-    seconds = follow_seconds(replicas, "m", 1)
-    print(f"\nupload on one replica served by all three after {seconds:.2f} s")
+    # An upload with a warm bucket, followed by every replica, takes none out of service meanwhile.
+    stop_polling = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        polling = pool.submit(readiness_answers, replicas, stop_polling)
+        with first.client() as client:
+            assert upload(client, "m", DEMO, WARM).status_code == 201
+        seconds = follow_seconds(replicas, "m", 1)
+        try:
+            wait_until(lambda: all_ready(replicas, {"x=8x4"}), timeout=120, interval=0.1, what="the warm bucket")
+        finally:
+            stop_polling.set()
+        answers = polling.result()
+    print(f"\nupload on one replica served by all three after {seconds:.2f} s; /readyz {len(answers)} polls")
     assert seconds < FOLLOW_SECONDS
+    assert len(answers) >= 3 and set(answers) == {200}
     for replica in replicas:  # served, and right, by every replica
         with replica.client() as client:
             response = predict(client, "m", x(3))
@@ -112,19 +148,16 @@ def test_three_replicas_compile_each_bucket_once_under_churn_and_follow_every_ch
             for client in clients:
                 client.close()
 
-    def ready_everywhere() -> bool:
-        for replica in replicas:
-            with replica.client() as client:
-                buckets = {b["bucket"]: b["state"] for b in client.get("/models/m").json()["buckets"]}
-            if any(buckets.get(label) != "ready" for label in BUCKETS):
-                return False
-        return True
-
     started = time.monotonic()
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(churn, seed) for seed in range(6)]
         try:
-            wait_until(ready_everywhere, timeout=300, interval=0.5, what="every bucket ready on every replica")
+            wait_until(
+                lambda: all_ready(replicas, BUCKETS),
+                timeout=300,
+                interval=0.5,
+                what="every bucket ready on every replica",
+            )
         finally:
             stop.set()
         for future in futures:
