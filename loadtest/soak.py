@@ -5,8 +5,9 @@ children's) over time; writes the RSS curve as a PNG and the figures as JSON::
     .venv/bin/python loadtest/soak.py --clients 64 --minutes 10 --out loadtest/results/soak
 
 Clients send ``/predict`` (JSON) and V2 ``infer`` to the demo model at batch sizes drawn from 1-64, so
-new buckets keep arriving for compile admission; one more client uploads, uses and deletes a model
-over and over. Any answer but 200 (and the 201/204 of the churn) counts as an error; the exit status
+new buckets keep arriving for compile admission; one more client uploads, uses and deletes models of
+several sizes (the demo, encoders with ~0.05 and ~48 MiB of weights and a warm bucket) over and over.
+Any answer but 200 (and the 201/204 of the churn) counts as an error; the exit status
 is 1 when there was one.
 """
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiler.demo import demo_model_bytes
 from loadtest.common import start_server
 from loadtest.compare import cpu_line
+from tests import synthetic
 
 
 class Tally:
@@ -75,14 +77,30 @@ def predict_client(url: str, seed: int, stop: threading.Event, tally: Tally) -> 
                 request(tally, client, "infer", "POST", "/v2/models/demo/infer", json={"inputs": [tensor]})
 
 
+def churn_models() -> list[tuple[bytes, dict | None, dict]]:
+    """The models the churn client cycles through, of several sizes: (bytes, config, a request body). The
+    encoders have a warm bucket, so their kernels compile and their weights are mapped, then released."""
+    models = [(demo_model_bytes(), None, {"inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}})]
+    for layers, hidden in ((1, 64), (4, 512)):  # ~0.05 and ~48 MiB of weights
+        shape = [1, 16, hidden]
+        config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 4}}, "warm_buckets": [{"x": shape}]}
+        body = {"inputs": {"x": np.ones(shape, np.float32).tolist()}}
+        models.append((synthetic.bert_encoder_model(layers=layers, hidden=hidden, heads=4, seq=16), config, body))
+    return models
+
+
 def churn_client(url: str, stop: threading.Event, tally: Tally) -> None:
-    model = demo_model_bytes()
-    x = {"inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}}
+    models = churn_models()
     with httpx.Client(base_url=url, timeout=120) as client:
         while not stop.is_set():
-            request(tally, client, "upload", "PUT", "/models/churn", ok=(201,), content=model)
-            request(tally, client, "churn-predict", "POST", "/models/churn/predict", json=x)
-            request(tally, client, "delete", "DELETE", "/models/churn", ok=(204,))
+            for data, config, body in models:
+                files = {"model": ("model.onnx", data)}
+                if config is not None:
+                    files["config"] = ("config.json", json.dumps(config))
+                request(tally, client, "upload", "PUT", "/models/churn", ok=(201,), files=files)
+                for _ in range(3):
+                    request(tally, client, "churn-predict", "POST", "/models/churn/predict", json=body)
+                request(tally, client, "delete", "DELETE", "/models/churn", ok=(204,))
 
 
 def sample_rss(process: psutil.Process, started: float, stop: threading.Event, samples: list) -> None:
@@ -111,6 +129,15 @@ def plot(samples: list, path: Path, title: str) -> None:
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
+
+
+def rss_by_minute(samples: list) -> list[tuple[int, int]]:
+    """(lowest, highest) server RSS in MiB per minute: with models coming and going, a flat run keeps its
+    lows flat."""
+    minutes: dict[int, list[float]] = {}
+    for seconds, rss, _ in samples:
+        minutes.setdefault(int(seconds // 60), []).append(rss / 2**20)
+    return [(round(min(values)), round(max(values))) for _, values in sorted(minutes.items())]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -158,6 +185,7 @@ def run(args: argparse.Namespace) -> dict:
             "max": max(s[1] for s in warm) / 2**20 if warm else None,
             "last": warm[-1][1] / 2**20 if warm else None,
         },
+        "rss_mib_by_minute": rss_by_minute(samples),
         "children_rss_mib_max": max((s[2] for s in samples), default=0) / 2**20,
         "server_alive_at_end": alive,
         "samples": samples,
@@ -187,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         f"server RSS after warm-up: first {rss['first']:.0f} MiB, max {rss['max']:.0f} MiB, last {rss['last']:.0f}"
         f" MiB; children max {result['children_rss_mib_max']:.0f} MiB"
     )
+    print("server RSS per minute (low, high MiB): " + ", ".join(f"{lo}-{hi}" for lo, hi in result["rss_mib_by_minute"]))
     for line in result["first_errors"]:
         print("  ", line)
     return 0 if result["errors"] == 0 and result["server_alive_at_end"] else 1
