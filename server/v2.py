@@ -167,9 +167,12 @@ async def repository_index(request: Request) -> list[dict]:
     return await run_in_threadpool(service_of(request).repository_index)
 
 
-@router.post("/repository/models/{name}/load", **REPOSITORY)
+@router.post(
+    "/repository/models/{name}/load", dependencies=REPOSITORY["dependencies"], responses=error_responses(401, 404, 507)
+)
 async def repository_load(name: str, request: Request) -> dict:
-    """Serve a stored model again (its newest version); nothing to do for one being served."""
+    """Serve a stored model again (its newest version); nothing to do for one being served; 507 when its
+    weights would not fit in memory beside the models served."""
     await run_in_threadpool(service_of(request).load_stored, name)
     return {}
 

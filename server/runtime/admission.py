@@ -87,8 +87,12 @@ class Admission:
         return served, damaged + len(stored) - served
 
     def _serve_stored(self, record: ModelRecord, data: bytes) -> ServedModel:
-        served = self.build_served(record, load_model(data, max_bytes=len(data)))
-        del data
+        """Serve a stored version (at start, on a repository load, following a peer) if it fits in memory:
+        one that does not is skipped (logged) rather than the server killed for memory later."""
+        model = load_model(data, max_bytes=len(data))
+        self.memory_guard.check_upload(record.name, model.weight_bytes)
+        served = self.build_served(record, model)
+        del data, model
         served.model = served.model.stored_at(self.models.model_path(record))
         self.registry.put(served)
         self.scheduler.enqueue_warm(served)

@@ -34,3 +34,26 @@ def test_an_upload_past_the_memory_limit_is_refused_and_the_server_serves_on(tmp
             assert http.get("/healthz").status_code == 200
     finally:
         process.stop()
+
+
+def test_a_stored_model_past_the_limit_is_skipped_at_start_and_refused_on_load(tmp_path):
+    heavy = synthetic.heavy_model(200 * 2**20)
+    unlimited = ServerProcess(tmp_path / "data", memory_bytes=0).start()
+    try:
+        with unlimited.client() as http:
+            assert upload(http, "heavy", heavy).status_code == 201
+    finally:
+        unlimited.stop()
+
+    limited = ServerProcess(tmp_path / "data", memory_bytes=LIMIT).start()  # the same store, less memory
+    try:
+        with limited.client() as http:
+            assert http.get("/readyz").status_code == 200
+            assert http.get("/models/heavy").status_code == 404  # skipped, not served
+            index = http.post("/v2/repository/index").json()
+            assert [(m["name"], m["state"]) for m in index] == [("heavy", "UNAVAILABLE")]  # still stored
+            response = http.post("/v2/repository/models/heavy/load")
+            assert response.status_code == 507 and "does not fit in memory" in response.json()["error"]
+        assert "cannot serve stored model heavy" in limited.log_path.read_text()
+    finally:
+        limited.stop()
