@@ -19,6 +19,7 @@ import psutil
 
 from .errors import BadRequestError, InvalidModelError
 from .signature import Signature
+from .weights import weightless
 
 
 def anonymous_resident_bytes() -> int:
@@ -68,7 +69,7 @@ def largest_static_tensors(proto: onnx.ModelProto) -> list[tuple[str, int]]:
     """(name, bytes) of every tensor of the main graph whose shape ONNX shape inference (with constant
     propagation) fixes statically, inputs and outputs included, largest first."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(weightless(proto), data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError, RuntimeError):
         inferred = proto  # the checker already passed; what inference cannot fix goes unchecked
     graph = inferred.graph

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from .errors import InvalidModelError, PayloadTooLargeError
 from .indices import IndexBounds, index_bounds
 from .signature import Signature, read_signature
-from .weights import graph_digest, weight_bytes
+from .weights import graph_digest, weight_bytes, weight_data_problem, weightless
 
 # TVM's Relax ONNX importer implements converters from opset 1 onwards but is
 # only exercised on modern exports; below 7 the semantics differ too much.
@@ -152,17 +152,21 @@ def _validate(proto: onnx.ModelProto, data: bytes, min_opset: int, max_opset: in
     newest = onnx.defs.onnx_opset_version() if max_opset is None else max_opset
     if not min_opset <= opset <= newest:
         raise InvalidModelError(f"opset {opset} is outside the supported range {min_opset}..{newest}")
+    light = weightless(proto)  # checked and inferred without copying the weights
     try:
-        onnx.checker.check_model(proto, full_check=True)
+        onnx.checker.check_model(light, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError(f"onnx checker: {first_line}") from None
+    problem = weight_data_problem(proto)
+    if problem is not None:
+        raise InvalidModelError(f"onnx checker: {problem}")
     return LoadedModel(
         proto,
         data,
         model_digest(data),
         read_signature(proto),
-        index_bounds(proto),
+        index_bounds(light),
         graph_digest=graph_digest(proto),
         weight_bytes=weight_bytes(proto),
         opset=opset,

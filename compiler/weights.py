@@ -86,6 +86,54 @@ def graph_digest(model: onnx.ModelProto) -> str:
     return digest.hexdigest()
 
 
+def _copy_fields(source, target, skip: str) -> None:
+    """Copy every set field of one proto into an empty one of its type, but ``skip``."""
+    for descriptor, value in source.ListFields():
+        if descriptor.name == skip:
+            continue
+        if descriptor.is_repeated:
+            getattr(target, descriptor.name).extend(value)
+        elif descriptor.message_type is not None:
+            getattr(target, descriptor.name).CopyFrom(value)
+        else:
+            setattr(target, descriptor.name, value)
+
+
+def weightless(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with each weight initializer turned into a graph input of its dtype and shape: what the
+    checker and shape inference need, without copying the weights (each of them serializes the whole
+    model: seconds and gigabytes for a BERT-sized one). Nothing that depends on a weight's values
+    (shapes, static sizes) is lost: weights are float tensors, never shapes."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    graph = light.graph
+    _copy_fields(model.graph, graph, skip="initializer")
+    for tensor in model.graph.initializer:
+        if is_weight(tensor):
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+        else:
+            graph.initializer.append(tensor)
+    return light
+
+
+def weight_data_problem(model: onnx.ModelProto) -> str | None:
+    """A weight initializer whose data does not hold as many elements as its dims say (the checker,
+    run on :func:`weightless`, no longer sees the data), else None."""
+    for tensor in model.graph.initializer:
+        if not is_weight(tensor):
+            continue
+        if tensor.HasField("raw_data"):
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            held, wanted, unit = len(tensor.raw_data), _elements(tensor) * itemsize, "bytes"
+        else:  # typed fields hold one value per element (float16 in int32_data too)
+            held = len(getattr(tensor, onnx.helper.tensor_dtype_to_field(tensor.data_type)))
+            wanted, unit = _elements(tensor), "values"
+        if held != wanted:
+            dims = list(tensor.dims)
+            return f"initializer {tensor.name!r} holds {held} {unit} of data, its dims {dims} need {wanted}"
+    return None
+
+
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the model's weights (initializers and Constant nodes of the main graph)."""
     total = 0

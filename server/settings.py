@@ -148,8 +148,8 @@ class Settings(CompileSettings):
 
     memory_bytes: int | None = Field(None, ge=0)
     """Memory the server may use (none: the container's limit, else the machine's). An upload whose weights
-    would take the server and its children past it (about 3x the weights: ONNX Runtime's session with its
-    prepacked copies, and the kernels' weights) is refused with 507 instead of the server being killed for
+    would take the server and its children past it (4x the weights while it loads: its bytes, the parsed
+    model, ONNX Runtime's session being built) is refused with 507 instead of the server being killed for
     memory later. 0: no check."""
 
     kernel_store_bytes: int = Field(10 * 1024**3, ge=0)

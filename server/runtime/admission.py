@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -166,15 +167,15 @@ class Admission:
             served = self.registry.find(name)
             with self.models.locked():  # a version read whole, never one being replaced under us
                 stored = self.models.latest_version(name)
-                found = self.models.load(name) if stored is not None else None
+                current = served is not None and stored is not None and served.record.version >= stored
+                # This replica's own upload (or one it followed) is not read again: bytes the size of the model.
+                found = self.models.load(name) if stored is not None and not current else None
             if stored is None and served is not None:
                 self.registry.remove(name)
                 return "deleted"
-            if found is None:  # gone and not served here, or stored but unreadable (logged)
+            if found is None:  # served here already, gone and not served here, or stored but unreadable (logged)
                 return None
             record, data = found
-            if served is not None and served.record.version >= record.version:
-                return None
             try:
                 self._serve_stored(record, data)
             except JitServeError as exc:
@@ -214,7 +215,8 @@ class Admission:
             ort or self._ort(model, target),
             target,
             options,
-            key_of=lambda bucket: bucket_key(model, bucket, target, options),
+            # Bound to the digest, not the model: a closure over the model would keep its proto and bytes.
+            key_of=partial(bucket_key, model.graph_digest, target=target, options=options),
         )
         for shapes in config.warm_buckets:
             plan = planner.plan(model.signature.with_static_inputs({k: tuple(v) for k, v in shapes.items()}))

@@ -45,8 +45,9 @@ from .tuner import BackgroundTuner
 
 T = TypeVar("T")
 
-RELEASE_AGAIN_SECONDS = 2.0
-"""A retired version's memory is handed back again this long after, when requests in flight are done."""
+RELEASE_AGAIN_SECONDS = (2.0, 10.0)
+"""A retired version's memory is handed back again these long after: once requests in flight, then work
+still holding the version (a routing timing, a compile's end), are done."""
 log = logging.getLogger("jitserve")
 
 INLINE_WORK_BYTES = 32 * 1024
@@ -146,9 +147,10 @@ class ModelService:
         the system now and once the requests still running on it have ended."""
         self.kernels.forget(served)
         return_memory()
-        timer = threading.Timer(RELEASE_AGAIN_SECONDS, return_memory)
-        timer.daemon = True
-        timer.start()
+        for seconds in RELEASE_AGAIN_SECONDS:
+            timer = threading.Timer(seconds, return_memory)
+            timer.daemon = True
+            timer.start()
 
     def close(self) -> None:
         """Shutdown: models retired first (a compile killed now records nothing), then compile and

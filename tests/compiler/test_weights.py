@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
+from compiler import weights as weights_module
 from compiler.build import compile_bucket, open_kernel
 from compiler.engines import OrtEngine
 from compiler.model import load_model
@@ -85,3 +86,25 @@ def test_a_kernel_records_the_workspace_it_keeps_and_a_bigger_bucket_keeps_more(
     assert small.verified and large.verified
     # Batch 16's intermediates alone (16x64x512 floats in the FFN, 16x4x64x64 attention scores) pass 2 MiB.
     assert large.workspace_bytes > 2 * 2**20 > small.workspace_bytes >= 0
+
+
+def test_a_weight_whose_data_disagrees_with_its_dims_is_refused():
+    """The checker sees the weightless graph; the weights' data is checked against their dims apart."""
+    from compiler.errors import InvalidModelError
+
+    model = onnx.load_from_string(synthetic.bert_encoder_model(**BERT))
+    weight = next(t for t in model.graph.initializer if weights_module.is_weight(t))
+    weight.raw_data = weight.raw_data[:-4]  # one float short
+    with pytest.raises(InvalidModelError, match=rf"initializer '{weight.name}' holds .* need"):
+        _load(model.SerializeToString())
+
+
+def test_the_weightless_model_has_every_weight_as_a_typed_input_and_no_weight_bytes():
+    model = onnx.load_from_string(synthetic.bert_encoder_model(**BERT))
+    light = weights_module.weightless(model)
+    names = {t.name for t in model.graph.initializer if weights_module.is_weight(t)}
+    assert names and names <= {value.name for value in light.graph.input}
+    assert not names & {t.name for t in light.graph.initializer}
+    assert light.ByteSize() < model.ByteSize() / 10
+    onnx.checker.check_model(light, full_check=True)
+    assert [n.op_type for n in light.graph.node] == [n.op_type for n in model.graph.node]

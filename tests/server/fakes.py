@@ -42,7 +42,7 @@ class FakeCompiler:
         self.started = threading.Event()
 
     def __call__(self, model, bucket, target, store: ArtifactStore, options, *, progress_path=None) -> CompileOutcome:
-        key = bucket_key(model, bucket, target, options)
+        key = bucket_key(model.graph_digest, bucket, target=target, options=options)
         existing = store.get(key)
         if existing is not None:
             return CompileOutcome(existing, True, str(store.library_path(key)))
