@@ -16,6 +16,7 @@ from compiler.store_budget import Removal, enforce_budget
 
 from ..settings import Settings
 from .metrics import Metrics
+from .periodic import Periodic
 from .records import ModelStore
 from .registry import ServedModel
 
@@ -43,26 +44,13 @@ class StoreJanitor:
         self.grace_seconds = settings.kernel_store_grace_seconds
         self.interval = settings.kernel_store_sweep_seconds
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("store-sweep", self.sweep, self.interval, at_start=True)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="jitserve-store-janitor", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.sweep()
-            except Exception:  # the sweep must outlive one bad pass (a volume hiccup)
-                log.exception("sweeping the kernel store failed; trying again")
-            if self._stop.wait(self.interval):
-                return
+        self._periodic.stop()
 
     def referenced(self) -> tuple[set[str], set[str]]:
         """Kernel keys and weight folders (model digests) of the versions stored or served now."""

@@ -6,10 +6,10 @@ machines: inotify sees local writes only)."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from .metrics import Metrics
+from .periodic import Periodic
 from .records import ModelStore
 
 log = logging.getLogger("jitserve")
@@ -25,30 +25,18 @@ class StoreWatch:
         self.metrics = metrics
         self.interval = interval
         self._seen: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("store-watch", self.poll, interval, at_start=False)
 
     def remember(self) -> None:
         """The store as it is now: what this replica serves at start (changes are what comes after)."""
         self._seen = self.models.current_versions()
 
     def start(self) -> None:
-        if self.interval <= 0:
-            return
-        self._thread = threading.Thread(target=self._run, name="jitserve-store-watch", daemon=True)
-        self._thread.start()
+        if self.interval > 0:
+            self._periodic.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.poll()
-            except Exception:  # the watch must outlive one bad poll (a volume hiccup)
-                log.exception("following the model store failed; trying again")
+        self._periodic.stop()
 
     def poll(self) -> list[tuple[str, str]]:
         """Follow every name whose newest stored version changed since the last poll; the changes made."""
