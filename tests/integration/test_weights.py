@@ -71,7 +71,11 @@ def _rss(client) -> float:
 def test_delete_gives_the_model_memory_back(server):
     big = synthetic.bert_encoder_model(layers=4, hidden=512, heads=8, seq=16)
     weights = weight_bytes(__import__("onnx").load_from_string(big))
-    config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}}, "warm_buckets": [{"x": [1, 16, 512]}]}
+    buckets = {"x=1x16x512": [1, 16, 512], "x=2x16x512": [2, 16, 512]}
+    config = {
+        "axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}},
+        "warm_buckets": [{"x": b} for b in buckets.values()],
+    }
     x = np.random.default_rng(2).standard_normal((1, 16, 512)).astype(np.float32)
     with server.client() as http:
         # TVM's and ONNX Runtime's own libraries load with the first model: measure after them.
@@ -79,23 +83,28 @@ def test_delete_gives_the_model_memory_back(server):
         assert upload(http, "warmup", small, CONFIG).status_code == 201
         wait_ready(http, "warmup", LABEL)
         predict(http, "warmup", np.zeros((2, 16, 64), np.float32))
-        before = _rss(http)
+        before, mapped_before = _rss(http), _metric(http, "jitserve_weights_bytes")  # the warm-up model's
 
         assert upload(http, "big", big, config).status_code == 201
         uploaded = _rss(http)
-        wait_ready(http, "big", "x=1x16x512")
-        assert predict(http, "big", x)["engine"] == "tvm"
+        for label, shape in buckets.items():
+            wait_ready(http, "big", label)
+            assert predict(http, "big", np.resize(x, shape))["engine"] == "tvm"
         loaded = _rss(http)
+        # Two buckets, one copy of the weights: mapped once per version and shared by both kernels.
+        assert 0.9 * weights < _metric(http, "jitserve_weights_bytes") - mapped_before < 1.1 * weights
         assert http.delete("/models/big").status_code == 204
         # Handed back at once, and again 2 and 10 s later (after requests and work still holding it).
         deadline = time.monotonic() + 15
         while (after := _rss(http)) - before >= 0.2 * weights and time.monotonic() < deadline:
             time.sleep(0.5)
         print(f"weights {weights / 2**20:.1f} MiB; RSS before {before / 2**20:.0f}, uploaded {uploaded / 2**20:.0f}, "
-              f"compiled and run {loaded / 2**20:.0f}, after delete {after / 2**20:.0f} MiB")  # fmt: skip
+              f"two buckets compiled and run {loaded / 2**20:.0f}, after delete {after / 2**20:.0f} MiB")  # fmt: skip
         assert loaded - before > weights  # the model was really held
         assert uploaded - before < 2 * weights  # ONNX Runtime's session; nothing keeps the upload's bytes
+        assert loaded - uploaded < 1.5 * weights  # one mapped copy for both kernels, not one each
         assert after - before < 0.2 * weights
+        assert _metric(http, "jitserve_weights_bytes") == mapped_before
 
 
 def test_the_store_budget_removes_a_deleted_models_kernels_and_weights_not_the_served_ones(tmp_path):
