@@ -18,7 +18,7 @@ import gc
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from compiler.engines import Engine, TvmEngine, device_weights
@@ -33,6 +33,8 @@ from .metrics import Metrics
 from .registry import ServedModel
 
 EngineOpener = Callable[[Path, Signature, dict, list], Engine]
+CacheKey = tuple[str, str]
+"""(kernel key in the store, model version digest): one stored kernel bound to one version's weights."""
 
 
 class KernelCache:
@@ -41,16 +43,16 @@ class KernelCache:
         max_entries: int,
         max_bytes: int,
         *,
-        on_evict: Callable[[str], None] = lambda key: None,
+        on_evict: Callable[[Hashable], None] = lambda key: None,
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._on_evict = on_evict
-        self._entries: OrderedDict[str, tuple[Engine, int]] = OrderedDict()
+        self._entries: OrderedDict[Hashable, tuple[Engine, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> Engine | None:
+    def get(self, key: Hashable) -> Engine | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -58,7 +60,7 @@ class KernelCache:
             self._entries.move_to_end(key)
             return entry[0]
 
-    def put(self, key: str, engine: Engine, size: int) -> None:
+    def put(self, key: Hashable, engine: Engine, size: int) -> None:
         evicted = []
         with self._lock:
             if key in self._entries:
@@ -73,13 +75,13 @@ class KernelCache:
         for old_key in evicted:
             self._on_evict(old_key)
 
-    def discard(self, key: str) -> None:
+    def discard(self, key: Hashable) -> None:
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is not None:
                 self._bytes -= entry[1]
 
-    def discard_where(self, matches: Callable[[str], bool]) -> int:
+    def discard_where(self, matches: Callable[[Hashable], bool]) -> int:
         """Drop every entry whose key matches; returns how many."""
         with self._lock:
             doomed = [key for key in self._entries if matches(key)]
@@ -90,11 +92,11 @@ class KernelCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def cached_keys(self) -> list[str]:
+    def cached_keys(self) -> list[Hashable]:
         with self._lock:
             return list(self._entries)
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
 
     @property
@@ -190,8 +192,8 @@ class Kernels:
         self._open_engine = open_engine
 
     @staticmethod
-    def cache_key(served: ServedModel, key: str) -> str:
-        return f"{key}@{served.record.digest}"
+    def cache_key(served: ServedModel, key: str) -> CacheKey:
+        return key, served.record.digest
 
     def get(self, served: ServedModel, key: str) -> Engine | None:
         return self.cache.get(self.cache_key(served, key))
@@ -202,28 +204,31 @@ class Kernels:
     def open(self, served: ServedModel, key: str) -> Engine:
         """A private instance of a stored kernel with the version's weights, outside the cache (routing
         times these)."""
+        return self._open(served, key)[0]
+
+    def load(self, served: ServedModel, key: str) -> Engine:
+        engine, manifest = self._open(served, key)
+        touch(self.artifacts, {key})  # used now: the store's budget removes the longest unused first
+        # What the kernel holds: its code and workspace. The weights are the version's, shared by its kernels.
+        self.cache.put(self.cache_key(served, key), engine, kernel_memory(manifest))
+        self.metrics.set_cache_entries(entries=len(self.cache))
+        return engine
+
+    def _open(self, served: ServedModel, key: str) -> tuple[Engine, Manifest]:
         manifest = self.artifacts.get(key)
         if manifest is None:
             raise CompileError(f"kernel {key[:16]} is no longer in the store")
         weights = self.weights.get(served.model.digest, target_kind(served.target)).for_kernel(manifest)
-        return self._open_engine(self.artifacts.library_path(key), served.model.signature, served.target, weights)
-
-    def load(self, served: ServedModel, key: str) -> Engine:
-        engine = self.open(served, key)
-        touch(self.artifacts, {key})  # used now: the store's budget removes the longest unused first
-        manifest = self.artifacts.get(key)
-        # What the kernel holds: its code and workspace. The weights are the version's, shared by its kernels.
-        self.cache.put(self.cache_key(served, key), engine, kernel_memory(manifest) if manifest else 0)
-        self.metrics.set_cache_entries(entries=len(self.cache))
-        return engine
+        library = self.artifacts.library_path(key)
+        return self._open_engine(library, served.model.signature, served.target, weights), manifest
 
     def loaded_keys(self) -> set[str]:
         """The store keys of the kernels held in memory (whichever versions' weights they run with)."""
-        return {cache_key.partition("@")[0] for cache_key in self.cache.cached_keys()}
+        return {key for key, _ in self.cache.cached_keys()}
 
     def forget(self, served: ServedModel) -> None:
         """A model version retired: its kernels leave the cache, and its weights go with the last one
         (a request still running holds them until it ends)."""
-        suffix = f"@{served.record.digest}"
-        if self.cache.discard_where(lambda key: key.endswith(suffix)):
+        digest = served.record.digest
+        if self.cache.discard_where(lambda cache_key: cache_key[1] == digest):
             self.metrics.set_cache_entries(entries=len(self.cache))
