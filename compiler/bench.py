@@ -16,6 +16,7 @@ from .build import compile_bucket, open_kernel
 from .engines import Engine, OrtEngine
 from .model import LoadedModel
 from .options import CompileOptions
+from .profile import compare_by_class, format_profile, kernel_profile, ort_profile
 from .store import ArtifactStore
 from .timing import median_latencies_ms
 
@@ -31,6 +32,7 @@ def bench_bucket(
     tune_trials: int = 0,
     ort_threads: int | None = None,
     ort_spinning: bool = True,
+    profile: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict:
     """Compile (and optionally tune) one bucket; time every engine in this process."""
@@ -59,12 +61,27 @@ def bench_bucket(
     inputs = random_inputs(bucket, dtypes, options.seed + 1, model.index_bounds.limits)
     latency = median_latencies_ms(engines, inputs, runs=runs, block=runs)
     ort_ms = latency.pop("ort")
+    if profile:
+        facts["profile"] = _profile(model, engines, inputs, ort_threads, log)
     return {
         **facts,
         "ort_ms": round(ort_ms, 3),
         **{f"{tier}_ms": round(ms, 3) for tier, ms in latency.items()},
         "ratio_vs_ort": {tier: round(ms / ort_ms, 2) for tier, ms in latency.items()},
     }
+
+
+def _profile(model: LoadedModel, engines: dict[str, Engine], inputs, ort_threads: int | None, log) -> dict:
+    """Each TVM tier's per-kernel profile beside ONNX Runtime's per-node one, logged as text."""
+    ort_side = ort_profile(model.data, inputs, threads=ort_threads)
+    report: dict = {"onnxruntime": ort_side.as_dict()}
+    for tier, engine in engines.items():
+        if tier == "ort":
+            continue
+        tvm_side = kernel_profile(engine, inputs)
+        log(format_profile(tier, tvm_side, ort_side))
+        report[tier] = tvm_side.as_dict() | {"by_class": compare_by_class(tvm_side, ort_side)}
+    return report
 
 
 def plot_ratios(results: list[dict], path: str, *, title: str = "") -> None:

@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--tune-trials", type=int, default=0, help="also tune each bucket with N MetaSchedule trials")
     bench.add_argument("--plot", default=None, metavar="FILE.png", help="draw the ratios against ONNX Runtime")
     bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time each compiled kernel and each ONNX Runtime node (printed to stderr, and in the JSON)",
+    )
+    bench.add_argument(
         "--ort-no-spin",
         action="store_true",
         help="time ONNX Runtime as the server runs it (no spinning threads) instead of with its own defaults",
@@ -169,6 +174,7 @@ def _bench(args, settings) -> list[dict]:
             tune_trials=args.tune_trials,
             ort_threads=settings.kernel_threads or None,
             ort_spinning=not args.ort_no_spin,
+            profile=args.profile,
             log=log,
         )
         for b in buckets

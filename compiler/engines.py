@@ -108,3 +108,12 @@ class TvmEngine:
             result = self._main(*args)
         results = [result] if isinstance(result, self._tvm.runtime.Tensor) else list(result)
         return {name: value.numpy() for name, value in zip(self.output_names, results, strict=True)}
+
+    def set_instrument(self, instrument) -> None:
+        """Call ``instrument`` around every VM call (see :mod:`compiler.profile`); ``None`` stops it."""
+        with self._lock:
+            self._vm.set_instrument(instrument if instrument is not None else _no_instrument)
+
+
+def _no_instrument(*_args) -> int:
+    return 0  # VMInstrumentReturnKind.NO_OP

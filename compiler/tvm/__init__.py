@@ -11,4 +11,4 @@ PIPELINE = "fuse+tuning-records+default-schedules"
 
 # Bump when jitserve's own build steps (prepare.py, pipeline.py, schedules/) change the code they generate
 # (6: weights are parameters, prepared once per model version).
-COMPILER_VERSION = "6"
+COMPILER_VERSION = "7"

@@ -3,6 +3,8 @@ queries, vectorization helpers and the thresholds they use."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -18,9 +20,9 @@ has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 # multiply-adds (contractions). A parallel launch costs ~3 us with two TVM threads.
 PARALLEL_MIN_ELEMENTS = 1 << 20
 PARALLEL_MIN_MACS = 1 << 22
-# Register tile budget of a contraction, in accumulator vectors: when the tile's rows share each
-# vector load (matmul, conv), and when they do not (depthwise conv, pooling; 4 measured best).
-ACCUMULATOR_VECTORS = 16
+# Register tile budget of a contraction when the tile's rows do not share vector loads
+# (depthwise conv, pooling; 4 measured best). With reuse the budget is the register file's
+# (see VectorUnit.accumulators).
 ACCUMULATOR_VECTORS_NO_REUSE = 4
 # Loop copies one unrolled tile loop nest may make: a per-channel pad tile can be a whole
 # padded image (C x H rows at batch >= 2 x cores), which took LLVM minutes to compile.
@@ -42,15 +44,54 @@ class SafeRule(CPUScheduleRule):
         raise NotImplementedError
 
 
-def vector_lanes(target: Target, dtype: str) -> int:
-    """SIMD lanes for ``dtype`` on ``target`` (16 float32 lanes with AVX-512)."""
-    try:
-        from tvm.target.codegen import llvm_get_vector_width
+@dataclass(frozen=True)
+class VectorUnit:
+    """The SIMD registers a target has: their width and how many."""
 
-        bits = int(llvm_get_vector_width(target))
+    bits: int
+    registers: int
+
+    def lanes(self, dtype: str) -> int:
+        return max(self.bits // tvm.DataType(dtype).bits, 1)
+
+    @property
+    def accumulators(self) -> int:
+        """Accumulator vectors of a register tile whose rows share each vector load.
+
+        The rest of the file holds the loaded vectors and the broadcast rows: 16 of 32 zmm
+        on AVX-512 (measured best there); 12 of 16 ymm on AVX2 (ONNX Runtime's MLAS runs a
+        6x16 float tile, 12 accumulators, on AVX2).
+        """
+        return self.registers // 2 if self.registers >= 32 else self.registers * 3 // 4
+
+
+def vector_unit(target: Target) -> VectorUnit:
+    """The vector unit from the target's CPU features, not LLVM's vector width.
+
+    TVM 0.27's ``llvm_get_vector_width`` answers 512 for every x86-64 CPU (``haswell`` and
+    ``znver3`` too) unless the target sets ``vector-width``: AVX2 targets would plan 16-lane
+    tiles on 16 ymm registers, which spill.
+    """
+    if target.kind.name != "llvm":
+        return VectorUnit(128, 16)
+    from tvm.target.codegen import llvm_cpu_has_features
+
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if triple and not triple.startswith(("x86_64", "i686", "i386")):
+        return VectorUnit(128, 32)  # NEON / SVE at its minimum width: 32 vector registers
+    try:
+        if llvm_cpu_has_features("avx512f", target):
+            return VectorUnit(512, 32)
+        if llvm_cpu_has_features("avx", target):
+            return VectorUnit(256, 16)
     except Exception:  # noqa: BLE001 - an LLVM without the query: assume SSE
-        bits = 128
-    return max((bits if bits > 0 else 128) // tvm.DataType(dtype).bits, 1)
+        pass
+    return VectorUnit(128, 16)
+
+
+def vector_lanes(target: Target, dtype: str) -> int:
+    """SIMD lanes for ``dtype`` on ``target`` (16 float32 lanes with AVX-512, 8 with AVX2)."""
+    return vector_unit(target).lanes(dtype)
 
 
 def target_cores(target: Target) -> int:

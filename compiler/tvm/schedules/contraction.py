@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from .base import (
-    ACCUMULATOR_VECTORS,
     ACCUMULATOR_VECTORS_NO_REUSE,
     MAX_UNROLLED_COPIES,
     PARALLEL_MIN_ELEMENTS,
@@ -32,6 +31,7 @@ from .base import (
     trivially_bound,
     vars_of,
     vector_lanes,
+    vector_unit,
     vectorize_innermost,
 )
 
@@ -99,7 +99,7 @@ class Contraction(SafeRule):
         names = block_names(sch)
         producers = names[: names.index(main_name)]
         after = names[names.index(main_name) + 1 :]
-        mr, nr = _tile_sizes(info, lanes)
+        mr, nr = _tile_sizes(info, lanes, vector_unit(target).accumulators)
 
         # A single pad indexed by plain (batch, channel) axes is computed per channel.
         per_channel: list[int] = []
@@ -232,7 +232,7 @@ def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, _C
     return None if info is None else (main, info)
 
 
-def _tile_sizes(info: _ContractionInfo, lanes: int) -> tuple[int, int]:
+def _tile_sizes(info: _ContractionInfo, lanes: int, accumulators: int) -> tuple[int, int]:
     """Register tile: ``mr`` rows of the register-blocked axis by ``nr`` lanes of the vector axis.
 
     ``nr`` is a power-of-two number of vectors (or a part of one): LLVM spills odd-sized
@@ -242,7 +242,7 @@ def _tile_sizes(info: _ContractionInfo, lanes: int) -> tuple[int, int]:
     if info.reg is None:
         return 1, nr
     vectors = max(1, -(-nr // lanes))
-    budget = max(1, (ACCUMULATOR_VECTORS if info.reuse else ACCUMULATOR_VECTORS_NO_REUSE) // vectors)
+    budget = max(1, (accumulators if info.reuse else ACCUMULATOR_VECTORS_NO_REUSE) // vectors)
     return pick_factor(info.extents[info.reg], list(range(budget, 0, -1))) or 1, nr
 
 

@@ -244,3 +244,44 @@ def test_vectorized_exp_erf_sigmoid_match_libm():
         np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=1e-7, err_msg=op)
         assert np.isnan(got[n - 8]), op
         assert np.array_equal(got[n - 7 : n - 5], want[n - 7 : n - 5]), op
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "bits", "registers"),
+    [("haswell", 256, 16), ("znver3", 256, 16), ("znver4", 512, 32), ("skylake-avx512", 512, 32), ("x86-64", 128, 16)],
+)
+def test_vector_unit_comes_from_the_cpu_features_not_llvms_vector_width(mcpu, bits, registers):
+    # TVM's llvm_get_vector_width answers 512 for all of these.
+    unit = cpu_schedules.base.vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    assert (unit.bits, unit.registers) == (bits, registers)
+    assert unit.lanes("float32") == bits // 32
+
+
+def _spilled_vector_stores(func, mcpu: str) -> tuple[int, int, int]:
+    """(vector stores to the stack, ymm uses, zmm uses) in the assembly of ``func`` scheduled for ``mcpu``."""
+    import re
+
+    from tvm.driver import build as tvm_build
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    sch = cpu_schedules.Contraction().apply(func, target, False)
+    assert sch is not None
+    lib = tvm_build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    asm = lib.inspect_source("asm")
+    spills = re.findall(r"vmov\w*\s+%[yz]mm\d+, -?\d*\(%rsp\)", asm)
+    return len(spills), asm.count("%ymm"), asm.count("%zmm")
+
+
+@pytest.mark.parametrize(
+    "model, bucket",
+    [(lambda: _matmul_model(256, 256), {"x": (8, 16, 256)}), (_conv_bn_relu_model, {"x": (1, 8, 12, 32)})],
+    ids=["matmul", "conv"],
+)
+def test_avx2_tiles_fit_sixteen_ymm_registers(model, bucket):
+    """Compiled for an AVX2 CPU on any machine: 8-lane vectors and a tile that does not spill
+    (with 16-lane tiles the matmul stored 48 vectors to the stack)."""
+    kernels = _fused_kernels(model(), bucket)
+    func = next(f for n, f in kernels.items() if "matmul" in n or "conv2d" in n)
+    spills, ymm, zmm = _spilled_vector_stores(func, "haswell")
+    assert zmm == 0 and ymm > 0
+    assert spills <= 2, f"{spills} vector registers spilled to the stack"

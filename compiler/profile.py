@@ -1,0 +1,249 @@
+"""Where a bucket's time goes: each compiled kernel beside ONNX Runtime's nodes.
+
+TVM 0.27 has no VM profiler any more, so :func:`kernel_profile` times every
+call the Relax VM makes through ``VirtualMachine.set_instrument`` (compiled
+kernels and the VM's own builtins such as allocations). :func:`ort_profile`
+reads ONNX Runtime's own per-node profile (``enable_profiling``) of the same
+input. Both sides are grouped into op classes (contraction, normalization,
+elementwise, ...) so that the families where one engine loses show up even
+though the two engines fuse differently. Used by ``python -m compiler bench
+--profile``; the result is plain data, ready to be shown to users.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+# Op classes, by the leading op of a TVM kernel's name or an ONNX Runtime op type (lower case).
+_CLASSES = {
+    "contraction": (
+        "conv",
+        "matmul",
+        "batch_matmul",
+        "dense",
+        "gemm",
+        "fusedconv",
+        "fusedgemm",
+        "fusedmatmul",
+        "attention",
+        "multiheadattention",
+        "pool",
+        "max_pool",
+        "avg_pool",
+        "adaptive_avg_pool",
+        "maxpool",
+        "averagepool",
+        "globalaveragepool",
+        "nchwcconv",
+        "einsum",
+    ),
+    "normalization": (
+        "layer_norm",
+        "layernormalization",
+        "skiplayernormalization",
+        "softmax",
+        "log_softmax",
+        "mean",
+        "sum",
+        "max",
+        "min",
+        "variance",
+        "reducemean",
+        "reducesum",
+        "reducemax",
+        "batchnorm",
+        "instancenorm",
+        "group_norm",
+        "rms_norm",
+        "simplifiedlayernormalization",
+    ),
+    "layout": (
+        "transpose",
+        "reshape",
+        "concat",
+        "split",
+        "strided_slice",
+        "slice",
+        "take",
+        "gather",
+        "pad",
+        "reordertensor",
+        "reorderinput",
+        "reorderoutput",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "expand_dims",
+        "broadcast_to",
+        "dynamic_strided_slice",
+        "resize",
+        "image",
+        "layout_transform",
+        "copy",
+        "cast",
+    ),
+}
+_CLASS_OF = {prefix: name for name, prefixes in _CLASSES.items() for prefix in prefixes}
+
+
+def op_class(name: str) -> str:
+    """``contraction``, ``normalization``, ``layout`` or ``elementwise`` for a kernel or op name.
+
+    A fused TVM kernel is named after its ops in order (``fused_conv2d_add_relu``): its
+    first op decides. VM builtins (allocation, shape checks) are ``runtime``.
+    """
+    lowered = name.lower()
+    if lowered.startswith("vm.") or "." in lowered:
+        return "runtime"
+    lowered = re.sub(r"^fused_", "", lowered)
+    best = ""
+    for prefix in _CLASS_OF:
+        if lowered.startswith(prefix) and len(prefix) > len(best):
+            best = prefix
+    return _CLASS_OF[best] if best else "elementwise"
+
+
+@dataclass
+class OpTime:
+    name: str
+    op_class: str
+    calls: int
+    ms: float  # per run of the whole model
+    share: float = 0.0
+
+
+@dataclass
+class Profile:
+    """One engine's profile of one input: entries slowest first, times per model run."""
+
+    engine: str
+    runs: int
+    total_ms: float
+    entries: list[OpTime] = field(default_factory=list)
+
+    def by_class(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for entry in self.entries:
+            totals[entry.op_class] = totals.get(entry.op_class, 0.0) + entry.ms
+        return totals
+
+    def as_dict(self, top: int | None = None) -> dict:
+        entries = self.entries[:top] if top else self.entries
+        return {
+            "engine": self.engine,
+            "runs": self.runs,
+            "total_ms": round(self.total_ms, 4),
+            "by_class_ms": {k: round(v, 4) for k, v in sorted(self.by_class().items(), key=lambda kv: -kv[1])},
+            "entries": [asdict(e) | {"ms": round(e.ms, 4), "share": round(e.share, 4)} for e in entries],
+        }
+
+
+def _finish(engine: str, runs: int, sums: dict[str, list], total_ms: float) -> Profile:
+    entries = [
+        OpTime(name, op_class(name), calls // runs, seconds * 1000 / runs) for name, (calls, seconds) in sums.items()
+    ]
+    entries.sort(key=lambda e: -e.ms)
+    accounted = sum(e.ms for e in entries) or 1.0
+    for entry in entries:
+        entry.share = entry.ms / accounted
+    return Profile(engine, runs, total_ms, entries)
+
+
+def kernel_profile(engine, inputs: dict[str, np.ndarray], *, runs: int = 10, warmup: int = 2) -> Profile:
+    """Per-call times of a loaded :class:`~compiler.engines.TvmEngine` on ``inputs``.
+
+    Each VM call is timed from the instrument's before-hook to its after-hook, so the
+    instrument's own Python overhead (a few microseconds per call) stays outside the
+    kernels' times but inside ``total_ms``.
+    """
+    for _ in range(warmup):
+        engine.run(inputs)
+    sums: dict[str, list] = {}
+    started: list[float] = []
+
+    def instrument(func, symbol, before_run, ret_value, *args):
+        if before_run:
+            started.append(time.perf_counter())
+        else:
+            entry = sums.setdefault(str(symbol), [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started.pop()
+        return 0
+
+    engine.set_instrument(instrument)
+    try:
+        begin = time.perf_counter()
+        for _ in range(runs):
+            engine.run(inputs)
+        total_ms = (time.perf_counter() - begin) * 1000 / runs
+    finally:
+        engine.set_instrument(None)
+    return _finish("tvm", runs, sums, total_ms)
+
+
+def ort_profile(
+    model_bytes: bytes, inputs: dict[str, np.ndarray], *, runs: int = 10, warmup: int = 2, threads: int | None = None
+) -> Profile:
+    """ONNX Runtime's per-node profile of ``inputs``, grouped by op type (as ONNX Runtime fused them).
+
+    Only the runs after ``warmup`` count: the profile's events are cut at the end of the
+    last warm-up ``model_run``.
+    """
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory(prefix="jitserve-ort-profile-") as folder:
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(folder, "ort")
+        session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        for _ in range(warmup + runs):
+            session.run(None, inputs)
+        with open(session.end_profiling()) as file:
+            events = json.load(file)
+    model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    if len(model_runs) < warmup + runs:
+        raise RuntimeError("ONNX Runtime's profile lacks model runs")
+    timed = model_runs[warmup:]
+    cut = model_runs[warmup - 1]["ts"] + model_runs[warmup - 1]["dur"] if warmup else -1
+    sums: dict[str, list] = {}
+    for event in events:
+        if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time") or event["ts"] < cut:
+            continue
+        entry = sums.setdefault(str(event.get("args", {}).get("op_name", "?")), [0, 0.0])
+        entry[0] += 1
+        entry[1] += event["dur"] / 1e6
+    total_ms = sum(e["dur"] for e in timed) / 1000 / runs
+    return _finish("onnxruntime", runs, sums, total_ms)
+
+
+def compare_by_class(tvm: Profile, onnxruntime: Profile) -> list[dict]:
+    """Both engines' milliseconds per op class, with TVM's ratio, slowest TVM class first."""
+    ours, theirs = tvm.by_class(), onnxruntime.by_class()
+    rows = []
+    for name in sorted(set(ours) | set(theirs), key=lambda k: -ours.get(k, 0.0)):
+        tvm_ms, ort_ms = ours.get(name, 0.0), theirs.get(name, 0.0)
+        ratio = round(tvm_ms / ort_ms, 2) if ort_ms > 0 else None
+        rows.append({"op_class": name, "tvm_ms": round(tvm_ms, 4), "ort_ms": round(ort_ms, 4), "tvm_over_ort": ratio})
+    return rows
+
+
+def format_profile(label: str, tvm: Profile, onnxruntime: Profile, *, top: int = 12) -> str:
+    """A text report: the class comparison, then each engine's slowest entries."""
+    lines = [f"== {label}: TVM {tvm.total_ms:.3f} ms/run, ONNX Runtime {onnxruntime.total_ms:.3f} ms/run"]
+    lines.append(f"{'op class':<16}{'TVM ms':>10}{'ORT ms':>10}{'TVM/ORT':>9}")
+    for row in compare_by_class(tvm, onnxruntime):
+        ratio = "-" if row["tvm_over_ort"] is None else f"{row['tvm_over_ort']:.2f}"
+        lines.append(f"{row['op_class']:<16}{row['tvm_ms']:>10.3f}{row['ort_ms']:>10.3f}{ratio:>9}")
+    for profile in (tvm, onnxruntime):
+        lines.append(f"-- {profile.engine}: slowest {min(top, len(profile.entries))} of {len(profile.entries)}")
+        for entry in profile.entries[:top]:
+            lines.append(f"{entry.ms:9.3f} ms {entry.share:6.1%} x{entry.calls:<3} {entry.op_class:<14} {entry.name}")
+    return "\n".join(lines)
