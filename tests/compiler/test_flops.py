@@ -1,0 +1,55 @@
+"""FLOP counts of the contractions, checked against hand-counted graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from compiler.flops import model_flops
+from tests.synthetic import make_model, value
+
+
+def test_conv_and_matmul_flops_are_two_per_multiply_add():
+    weight = numpy_helper.from_array(np.zeros((16, 4, 3, 3), np.float32), "W")  # groups of 4 input channels
+    dense = numpy_helper.from_array(np.zeros((10, 5), np.float32), "D")
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Reshape", ["r", "s"], ["m"]),
+        helper.make_node("MatMul", ["m", "D"], ["y"]),
+    ]
+    shape = numpy_helper.from_array(np.array([-1, 10], np.int64), "s")
+    graph = helper.make_graph(
+        nodes,
+        "flops",
+        [value("x", "float32", ["n", 8, 6, 10])],
+        [value("y", "float32", ["m", 5])],
+        initializer=[weight, dense, shape],
+    )
+    flops, unknown = model_flops(make_model(graph), {"x": (2, 8, 6, 10)})
+    conv_macs = 2 * 16 * 6 * 10 * (4 * 3 * 3)
+    matmul_macs = (2 * 16 * 6 * 10 // 10) * 10 * 5  # the Reshape's rows, each a 10 -> 5 product
+    assert unknown == 0
+    assert flops == 2 * (conv_macs + matmul_macs)
+
+
+def test_shapes_the_graph_computes_are_counted():
+    # MatMul after Shape -> Gather -> Concat -> Reshape: its input shape is data the graph computes.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Concat", ["batch", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "W"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+        numpy_helper.from_array(np.zeros((12, 3), np.float32), "W"),
+    ]
+    graph = helper.make_graph(
+        nodes, "folded", [value("x", "float32", ["n", 3, 4])], [value("y", "float32", ["n", 3])], initializer=inits
+    )
+    flops, unknown = model_flops(make_model(graph), {"x": (5, 3, 4)})
+    assert unknown == 0
+    assert flops == 2 * 5 * 12 * 3
