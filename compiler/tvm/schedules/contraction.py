@@ -108,13 +108,19 @@ class Contraction(SafeRule):
             if plain and product_of(info.extents[p] for p in plain) >= 2 * target_cores(target):
                 per_channel = plain
 
+        # A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile.
+        packed = None if producers else _packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
+
         loops = sch.get_loops(main)
         first: list[LoopRV] = []  # fused and parallel
-        second: list[LoopRV] = []  # serial tile loops under it (per-channel pads only)
+        second: list[LoopRV] = []  # serial tile loops under it (per-channel pads; the rows of a packed panel)
         reg_inner = vec_inner = None
         for pos in info.spatial:
             loop = loops[pos]
-            group = first if (not per_channel or pos in per_channel) else second
+            if per_channel:
+                group = first if pos in per_channel else second
+            else:
+                group = second if (packed is not None and pos == info.reg) else first
             if pos == info.vec:
                 if nr < info.extents[pos]:
                     loop, vec_inner = sch.split(loop, factors=[None, nr])
@@ -153,6 +159,11 @@ class Contraction(SafeRule):
             sch.vectorize(vec_inner)
         _vectorize_tile(sch, sch.decompose_reduction(main, reduce_loops[0]), tile)
 
+        if packed is not None:
+            reads = [r.source.name for r in sch.get(main).reads]
+            panel = sch.cache_read(main, reads.index(packed), "global")
+            sch.compute_at(panel, fused, preserve_unit_loops=True)
+            _vectorize_tile(sch, panel, fused)
         for name in producers:
             block = sch.get_sblock(name)
             if per_channel:
@@ -221,6 +232,43 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionIn
     # for independent accumulators.
     before = [p for p in spatial if p < vec and extents[p] > 1]
     return _ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents)
+
+
+def _packable_operand(
+    sch: s_tir.Schedule, main: SBlockRV, info: _ContractionInfo, mr: int, nr: int, *, cores: int
+) -> str | None:
+    """The buffer name of a matmul's streamed operand worth packing into column panels, else ``None``.
+
+    That operand (B of A @ B, vector-loaded along the output columns) is read K rows apart:
+    unpacked, each row tile re-streams it from L2 or beyond (rows 4 KB apart fall into one
+    L1 set). Packed per column tile, its K x nr panel is contiguous and every row tile reuses
+    it. Only plain matmuls (each index one iter, none the rows'), with row tiles to share a
+    panel and enough column tiles to keep every core busy.
+    """
+    if not info.reuse or info.reg is None or nr <= 1:
+        return None
+    stmt = sch.get(main)
+    iters = {iv.var: p for p, iv in enumerate(stmt.iter_vars)}
+    vec_var, reg_var = stmt.iter_vars[info.vec].var, stmt.iter_vars[info.reg].var
+    out = stmt.writes[0].source
+    for region in stmt.reads:
+        if region.source.same_as(out):
+            continue
+        dims = [vars_of(r.min) for r in region.region]
+        if not dims or vec_var not in dims[-1]:
+            continue
+        if any(len(d) != 1 or not d <= set(iters) or reg_var in d for d in dims):
+            return None
+        if not any(
+            int(r.extent) == 1 and iters[next(iter(d))] in info.reduce for r, d in zip(region.region, dims, strict=True)
+        ):
+            return None
+        row_tiles = info.extents[info.reg] // mr
+        column_tiles = product_of(info.extents[p] for p in info.spatial if p not in (info.reg,)) // nr
+        if row_tiles < 2 or column_tiles < 2 * cores:
+            return None
+        return region.source.name
+    return None
 
 
 def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, _ContractionInfo] | None:
