@@ -9,6 +9,7 @@ winding down does not count against the next.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 from .engines import Engine
@@ -32,3 +33,30 @@ def median_latencies_ms(
             for _ in range(min(block, runs - len(samples[name]))):
                 samples[name].append(_time_once(engine, inputs))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def requests_per_second(engines: dict[str, Engine], inputs, *, concurrency: int, runs: int = 10) -> dict[str, float]:
+    """Throughput of each engine with ``concurrency`` callers at once, each making ``runs`` calls.
+
+    What serving under concurrent load gets: an ONNX Runtime session on one thread runs callers
+    side by side, a kernel using every core runs them one at a time.
+    """
+    result = {}
+    for name, engine in engines.items():
+        engine.run(inputs)
+        start = threading.Barrier(concurrency + 1)
+
+        def caller(engine=engine, start=start) -> None:
+            start.wait()
+            for _ in range(runs):
+                engine.run(inputs)
+
+        callers = [threading.Thread(target=caller, daemon=True) for _ in range(concurrency)]
+        for thread in callers:
+            thread.start()
+        start.wait()
+        began = time.perf_counter()
+        for thread in callers:
+            thread.join()
+        result[name] = concurrency * runs / (time.perf_counter() - began)
+    return result

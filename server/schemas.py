@@ -3,7 +3,7 @@ what ``/openapi.json`` documents (client generators and API fuzzers read it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +27,15 @@ class Bucket(BaseModel):
     )
     engine: str = Field(description="the engine serving it: onnxruntime, tvm or tvm-tuned")
     latency_ms: dict[str, float] = Field(description="measured median latency per verified engine")
+    routed_by: Literal["latency", "throughput"] = Field(
+        "latency",
+        description="what chose the engine: one request's latency, or (when its requests have run side by side) "
+        "requests per second at that many concurrent callers",
+    )
+    throughput_rps: dict[str, float] = Field(
+        default_factory=dict, description="per engine, requests per second at peak_concurrency callers (by throughput)"
+    )
+    peak_concurrency: int = Field(1, description="most of the bucket's requests seen running at once")
     padded_error: dict[str, float] = Field(
         description="per kernel, its largest absolute difference from onnxruntime on the bucket's most padded "
         "request (an approximate axis's kernel serves only within its tolerance)"

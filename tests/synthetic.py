@@ -128,13 +128,14 @@ def external_data_model(location: str = "../../etc/passwd") -> bytes:
     return make_model(graph, check=False).SerializeToString()
 
 
-def slow_model(layers: int = 32, width: int = 1024) -> bytes:
+def slow_model(layers: int = 32, width: int = 1024, *, compilable: bool = False) -> bytes:
     """``x: [batch, 4]`` through ``layers`` of ``Tanh(h @ W)`` with ``W: [width, width]``: slow in onnxruntime.
 
-    About 0.35 s per request at batch 1024 on two cores (layers=32). A second
-    output ``det = Det(Reshape(x, [-1, 2, 2]))`` is an operator TVM's importer
-    lacks, so a compile of any bucket fails fast and onnxruntime keeps serving
-    at its own speed; one weight shared by every layer keeps the file ~4 MB.
+    About 0.35 s per request at batch 1024 on two cores (layers=32). Unless
+    ``compilable``, a second output ``det = Det(Reshape(x, [-1, 2, 2]))`` is an
+    operator TVM's importer lacks, so a compile of any bucket fails fast and
+    onnxruntime keeps serving at its own speed; one weight shared by every
+    layer keeps the file ~4 MB.
     """
     rng = np.random.default_rng(4321)
     weights = {
@@ -147,16 +148,19 @@ def slow_model(layers: int = 32, width: int = 1024) -> bytes:
     for i in range(layers):
         nodes.append(helper.make_node("MatMul", [f"h{i}", "W"], [f"m{i}"]))
         nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"]))
-    nodes += [
-        helper.make_node("MatMul", [f"h{layers}", "W_out"], ["y"]),
-        helper.make_node("Reshape", ["x", "square"], ["x2x2"]),
-        helper.make_node("Det", ["x2x2"], ["det"]),
-    ]
+    nodes.append(helper.make_node("MatMul", [f"h{layers}", "W_out"], ["y"]))
+    outputs = [value("y", "float32", ["batch", 4])]
+    if not compilable:
+        nodes.append(helper.make_node("Reshape", ["x", "square"], ["x2x2"]))
+        nodes.append(helper.make_node("Det", ["x2x2"], ["det"]))
+        outputs.append(value("det", "float32", ["batch"]))
+    else:
+        del weights["square"]
     graph = helper.make_graph(
         nodes,
         "slow",
         [value("x", "float32", ["batch", 4])],
-        [value("y", "float32", ["batch", 4]), value("det", "float32", ["batch"])],
+        outputs,
         initializer=[
             numpy_helper.from_array(array.astype(np.int64 if key == "square" else np.float32), key)
             for key, array in weights.items()

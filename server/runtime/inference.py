@@ -260,17 +260,22 @@ class Inference:
             bucket = bucket or served.bucket_for(plan.bucket)
             self.admission.record_hit(bucket)
             label, kernel = bucket.label, self._kernel_for(served, bucket)
-        started = time.perf_counter()
-        if kernel is not None:
-            engine = bucket.route or "tvm"
-            outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
-            self.metrics.record_padding(model=served.name, waste=plan.padding_waste())
-        else:
-            engine = "onnxruntime"
-            outputs = served.ort.run(arrays)
-        inference_ms = (time.perf_counter() - started) * 1000
         if bucket is not None:
-            bucket.observe_run(inference_ms)
+            bucket.begin_run()
+        inference_ms = None
+        started = time.perf_counter()
+        try:
+            if kernel is not None:
+                engine = bucket.route or "tvm"
+                outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
+                self.metrics.record_padding(model=served.name, waste=plan.padding_waste())
+            else:
+                engine = "onnxruntime"
+                outputs = served.ort.run(arrays)
+            inference_ms = (time.perf_counter() - started) * 1000
+        finally:
+            if bucket is not None:
+                bucket.observe_run(inference_ms)
         return Run(outputs, engine, label, inference_ms)
 
     def reject(self, name: str | None, error: JitServeError) -> None:

@@ -88,6 +88,7 @@ class BucketRecord(BaseModel):
     key: str
     model_version: int
     latency_ms: dict[str, float] = Field(default_factory=dict)
+    throughput_rps: dict[str, float] = Field(default_factory=dict)
     padded_error: dict[str, float] = Field(default_factory=dict)
     route: str | None = None
     tuned_key: str | None = None

@@ -12,7 +12,7 @@ from compiler.arrays import compare_outputs, random_inputs
 from compiler.buckets import BucketPlan, BucketPlanner
 from compiler.engines import Engine
 from compiler.store import ArtifactStore
-from compiler.timing import median_latencies_ms
+from compiler.timing import median_latencies_ms, requests_per_second
 
 from ..settings import Settings
 from .metrics import Metrics
@@ -59,13 +59,31 @@ class Router:
         errors = self._padded_errors(served, bucket, kernels)
         tolerance = served.planner.approximate_tolerance(bucket.bucket)
         allowed = ["onnxruntime"] + [e for e in kernels if tolerance is None or errors[e] <= tolerance]
+        throughput = None
+        concurrency = min(bucket.peak_concurrency, self.settings.inference_threads)
         if self.settings.routing == "compiled":
             route = next((e for e in ("tvm-tuned", "tvm") if e in allowed), "onnxruntime")
+        elif concurrency >= 2 and len(allowed) > 1:
+            # Requests arrive side by side: one request's latency would favour a kernel that uses
+            # every core over ONNX Runtime sessions that serve callers in parallel.
+            everyone = {"onnxruntime": served.ort, **engines}
+            throughput = requests_per_second(
+                {e: everyone[e] for e in allowed}, inputs, concurrency=concurrency, runs=self.settings.routing_runs
+            )
+            route = max(allowed, key=throughput.get)
         else:
             route = min(allowed, key=latency.get)
-        bucket.serve(route, latency, padded_error=errors)
+        bucket.serve(route, latency, padded_error=errors, throughput_rps=throughput)
         self.metrics.record_routing(model=served.name, engine=route)
-        log.info("routed %s %s to %s (%s)", served.name, bucket.label, route, bucket.latency_ms)
+        log.info(
+            "routed %s %s to %s by %s (%s ms, %s req/s)",
+            served.name,
+            bucket.label,
+            route,
+            bucket.routed_by,
+            bucket.latency_ms,
+            bucket.throughput_rps,
+        )
         self.remember(served, bucket)
         return route
 
@@ -106,6 +124,7 @@ class Router:
             known.latency_ms,
             compile_seconds=compiled.compile_seconds if compiled else None,
             padded_error=known.padded_error,
+            throughput_rps=known.throughput_rps,
         )
         return True
 
@@ -117,6 +136,7 @@ class Router:
             key=bucket.key,
             model_version=served.record.version,
             latency_ms=bucket.latency_ms,
+            throughput_rps=bucket.throughput_rps,
             padded_error=bucket.padded_error,
             route=bucket.route,
             tuned_key=bucket.tuned_key,

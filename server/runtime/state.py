@@ -90,6 +90,13 @@ class ServedBucket:
         self.compile_seconds: float | None = None
         self.route: str | None = None
         self.latency_ms: dict[str, float] = {}
+        self.throughput_rps: dict[str, float] = {}
+        """Per engine, requests per second at ``peak_concurrency`` callers (routed by throughput only)."""
+        self.routed_by = "latency"
+        """What the route was chosen by: one request's latency, or throughput at the peak concurrency."""
+        self.peak_concurrency = 1
+        """Most of its requests seen running at once."""
+        self._in_flight = 0
         self.padded_error: dict[str, float] = {}
         """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
@@ -144,12 +151,16 @@ class ServedBucket:
         *,
         compile_seconds: float | None = None,
         padded_error: dict[str, float] | None = None,
+        throughput_rps: dict[str, float] | None = None,
     ) -> None:
-        """Ready, served by ``route`` (first routing, a restored route or a re-route after tuning)."""
+        """Ready, served by ``route`` (first routing, a restored route or a re-route after tuning); by
+        throughput when ``throughput_rps`` is given, else by latency."""
         with self._lock:
             self._check(BucketState.READY)
             self.state, self.reason, self.route = BucketState.READY, None, route
             self.latency_ms = {engine: round(ms, 4) for engine, ms in latency_ms.items()}
+            self.throughput_rps = {engine: round(rps, 1) for engine, rps in (throughput_rps or {}).items()}
+            self.routed_by = "throughput" if throughput_rps else "latency"
             if padded_error is not None:
                 self.padded_error = {engine: float(f"{error:.3g}") for engine, error in padded_error.items()}
             if compile_seconds is not None:
@@ -208,9 +219,19 @@ class ServedBucket:
         evictions."""
         return self._heat * math.exp((self._heat_at - now) / self._heat_window)
 
-    def observe_run(self, ms: float) -> None:
-        """One run of the engine serving the bucket, averaged over the recent ones."""
+    def begin_run(self) -> None:
+        """A request starts running (``observe_run`` ends it): counts how many run at once."""
         with self._lock:
+            self._in_flight += 1
+            self.peak_concurrency = max(self.peak_concurrency, self._in_flight)
+
+    def observe_run(self, ms: float | None) -> None:
+        """One run of the engine serving the bucket ends (``None``: it failed); its time is averaged
+        over the recent ones."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            if ms is None:
+                return
             self._run_ms = ms if self._runs == 0 else self._run_ms + RUN_AVERAGE_WEIGHT * (ms - self._run_ms)
             self._runs += 1
 
@@ -237,6 +258,9 @@ class ServedBucket:
                 "reason": self.reason,
                 "engine": self.route if self.state is BucketState.READY and self.route else "onnxruntime",
                 "latency_ms": dict(self.latency_ms),
+                "routed_by": self.routed_by,
+                "throughput_rps": dict(self.throughput_rps),
+                "peak_concurrency": self.peak_concurrency,
                 "padded_error": dict(self.padded_error),
                 "compile_seconds": self.compile_seconds,
                 "kernel": self.key,

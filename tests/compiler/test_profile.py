@@ -79,3 +79,21 @@ def test_profile_times_every_kernel_and_every_onnxruntime_node(tmp_path):
     assert "contraction" in report and matmul[0].name in report
     # The engine still serves (the instrument is gone) and the profile left its results alone.
     np.testing.assert_allclose(engine.run(inputs)["y"].sum(axis=-1), 1.0, rtol=1e-5)
+
+
+def test_requests_per_second_runs_callers_side_by_side():
+    from compiler.engines import OrtEngine
+    from compiler.timing import requests_per_second
+
+    ort = OrtEngine(_mlp(), threads=1)
+    inputs = {"x": np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)}
+    calls = []
+
+    class Counted:
+        def run(self, arrays):
+            calls.append(1)
+            return ort.run(arrays)
+
+    rates = requests_per_second({"onnxruntime": Counted()}, inputs, concurrency=3, runs=4)
+    assert rates["onnxruntime"] > 0
+    assert len(calls) == 1 + 3 * 4  # one warm-up, then every caller's runs

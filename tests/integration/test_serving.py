@@ -271,3 +271,42 @@ def test_measured_routing_serves_each_bucket_with_its_fastest_engine(tmp_path):
             assert metric_value(text, "jitserve_compiles_total") == 0
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_bucket_under_concurrent_load_is_routed_by_throughput(tmp_path):
+    """Requests to the bucket ran side by side before it compiled: its engines are timed with
+    that many callers at once, and the one serving the most requests per second wins."""
+    data = synthetic.slow_model(layers=4, width=512, compilable=True)
+    config = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 64}}}
+    x = np.random.default_rng(4).standard_normal((64, 4)).astype(np.float32).tolist()
+    server = ServerProcess(tmp_path / "data").start()
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def hammer() -> None:
+        with server.client() as own:
+            while not stop.is_set():
+                statuses.append(own.post("/predict", json={"model": "mlp", "inputs": {"x": x}}).status_code)
+
+    callers = [threading.Thread(target=hammer) for _ in range(4)]
+    try:
+        with server.client() as client:
+            assert upload(client, "mlp", data, config).status_code == 201
+            for thread in callers:
+                thread.start()
+            bucket = settled_bucket(client, "mlp", "x=64x4")
+            stop.set()
+            for thread in callers:
+                thread.join()
+            assert bucket["state"] == "ready", bucket
+            assert bucket["peak_concurrency"] >= 2
+            assert bucket["routed_by"] == "throughput", bucket
+            rates = bucket["throughput_rps"]
+            assert set(rates) == {"onnxruntime", "tvm"} and all(v > 0 for v in rates.values())
+            assert bucket["engine"] == max(rates, key=rates.get)
+            assert set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}  # still measured, and shown
+    finally:
+        stop.set()
+        server.stop()
+    assert set(statuses) == {200}

@@ -186,3 +186,33 @@ def test_traffic_decays_with_the_window():
     assert busy.heat(9.0) > 8 and quiet.heat(9.0) == 1.0
     assert busy.heat(9.0 + 60) == pytest.approx(busy.heat(9.0) / 2.718281828, rel=1e-6)
     assert busy.heat(600.0) < quiet.heat(9.0)
+
+
+def test_peak_concurrency_counts_requests_running_at_once_and_failed_runs_end_too():
+    bucket = bucket_in(BucketState.COLD)
+    bucket.begin_run()
+    bucket.observe_run(1.0)
+    assert bucket.peak_concurrency == 1
+    for _ in range(3):
+        bucket.begin_run()
+    bucket.observe_run(None)  # a run that raised
+    bucket.observe_run(1.0)
+    bucket.begin_run()
+    assert bucket.peak_concurrency == 3
+    bucket.observe_run(1.0)
+    bucket.observe_run(1.0)
+    bucket.begin_run()
+    bucket.observe_run(1.0)
+    assert bucket.peak_concurrency == 3 and bucket.describe()["peak_concurrency"] == 3
+
+
+def test_a_route_says_whether_latency_or_throughput_chose_it():
+    bucket = bucket_in(BucketState.COMPILING)
+    bucket.serve("tvm", {"onnxruntime": 1.0, "tvm": 0.5})
+    assert bucket.describe()["routed_by"] == "latency" and bucket.throughput_rps == {}
+    bucket.serve(
+        "onnxruntime", {"onnxruntime": 1.0, "tvm": 0.5}, throughput_rps={"onnxruntime": 1900.04, "tvm": 1500.0}
+    )
+    described = bucket.describe()
+    assert described["routed_by"] == "throughput"
+    assert described["throughput_rps"] == {"onnxruntime": 1900.0, "tvm": 1500.0}
