@@ -73,20 +73,10 @@ def _node_macs(node: onnx.NodeProto, shapes: dict) -> int | None:
 def model_flops(model: onnx.ModelProto, bucket: dict[str, tuple]) -> tuple[int, int]:
     """(FLOPs of the contractions counted, contraction nodes whose shapes stayed unknown).
 
-    Shapes that inference leaves unknown (PP-OCR rec's Shape -> Reshape chains) are
-    tried again on the graph onnxsim folds for the bucket, as the compiler does.
+    A graph whose shapes inference cannot follow (PP-OCR rec's Shape -> Reshape chains)
+    counts fully once onnxsim has folded it for the bucket, as the compiler does.
     """
-    counted = _count(_fix_inputs(model, bucket))
-    if counted[1]:
-        try:
-            import onnxsim
-
-            simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={k: list(v) for k, v in bucket.items()})
-        except Exception:  # noqa: BLE001 - onnxsim raises anything: keep the first count
-            ok = False
-        if ok:
-            counted = min(counted, _count(simplified), key=lambda c: c[1])
-    return counted
+    return _count(_fix_inputs(model, bucket))
 
 
 def _count(model: onnx.ModelProto) -> tuple[int, int]:

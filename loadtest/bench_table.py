@@ -91,7 +91,13 @@ def bucket_flops(path: Path, shape_args: list[str]) -> dict[str, float]:
     for arg in shape_args:
         name, dims = arg.split("=")
         sizes = tuple(int(d) for d in dims.split(","))
-        flops, _unknown = model_flops(model, {name: sizes})
+        flops, unknown = model_flops(model, {name: sizes})
+        if unknown:  # shapes only onnxsim's folding makes known
+            import onnxsim
+
+            simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={name: list(sizes)})
+            if ok:
+                flops, _ = model_flops(simplified, {name: sizes})
         result[f"{name}={'x'.join(map(str, sizes))}"] = flops / 1e9
     return result
 

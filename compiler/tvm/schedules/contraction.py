@@ -35,6 +35,9 @@ from .base import (
     vectorize_innermost,
 )
 
+# A packed weight panel lives on a worker thread's stack: K x nr floats at most this size.
+MAX_PANEL_BYTES = 512 * 1024
+
 
 class Contraction(SafeRule):
     """One reduction block whose innermost output axis can be vectorized: matmul,
@@ -161,7 +164,9 @@ class Contraction(SafeRule):
 
         if packed is not None:
             reads = [r.source.name for r in sch.get(main).reads]
-            panel = sch.cache_read(main, reads.index(packed), "global")
+            # On the stack: a workspace allocation per panel left the pool holding memory after a
+            # model's delete (+14 MB in the release test); _packable_operand caps the panel's size.
+            panel = sch.cache_read(main, reads.index(packed), "local")
             sch.compute_at(panel, fused, preserve_unit_loops=True)
             _vectorize_tile(sch, panel, fused)
         for name in producers:
@@ -262,6 +267,9 @@ def _packable_operand(
         if not any(
             int(r.extent) == 1 and iters[next(iter(d))] in info.reduce for r, d in zip(region.region, dims, strict=True)
         ):
+            return None
+        reduce_extent = product_of(info.extents[p] for p in info.reduce)
+        if reduce_extent * nr * 4 > MAX_PANEL_BYTES:
             return None
         row_tiles = info.extents[info.reg] // mr
         column_tiles = product_of(info.extents[p] for p in info.spatial if p not in (info.reg,)) // nr

@@ -289,14 +289,15 @@ def test_avx2_tiles_fit_sixteen_ymm_registers(model, bucket):
 
 def test_matmul_weight_is_packed_into_column_panels_and_verifies(store):
     """A @ W with row tiles to share it: W's K x nr panel is copied once per column tile (a
-    contiguous panel every row tile reuses) inside the parallel loop; the model still verifies."""
+    contiguous panel on the stack that every row tile reuses) inside the parallel loop; the model
+    still verifies."""
     model, bucket = _matmul_model(256, 256), {"x": (4, 16, 256)}
     kernels = _fused_kernels(model, bucket)
     func = next(f for n, f in kernels.items() if "matmul" in n)
     target = tvm.target.Target(TARGET)
     sch = cpu_schedules.Contraction().apply(func, target, False)
     blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    panel_name = next(b for b in blocks if b.endswith("_global"))
+    panel_name = next(b for b in blocks if b.endswith("_local"))
     panel = sch.get(sch.get_sblock(panel_name))
     assert [int(d) for d in panel.reads[0].source.shape] == [256, 256]  # W, not the activations
     script = sch.mod["main"].script()
