@@ -13,17 +13,7 @@ import math
 
 import onnx
 
-
-def _fix_inputs(model: onnx.ModelProto, bucket: dict[str, tuple]) -> onnx.ModelProto:
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in fixed.graph.input:
-        if value.name in bucket:
-            dims = value.type.tensor_type.shape.dim
-            for dim, size in zip(dims, bucket[value.name], strict=True):
-                dim.Clear()
-                dim.dim_value = int(size)
-    return fixed
+from .signature import fix_input_shapes
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
@@ -76,7 +66,7 @@ def model_flops(model: onnx.ModelProto, bucket: dict[str, tuple]) -> tuple[int, 
     A graph whose shapes inference cannot follow (PP-OCR rec's Shape -> Reshape chains)
     counts fully once onnxsim has folded it for the bucket, as the compiler does.
     """
-    return _count(_fix_inputs(model, bucket))
+    return _count(fix_input_shapes(model, bucket))
 
 
 def _count(model: onnx.ModelProto) -> tuple[int, int]:

@@ -104,9 +104,11 @@ def op_class(name: str) -> str:
     if lowered.startswith("vm.") or "." in lowered:
         return "runtime"
     lowered = re.sub(r"^fused_", "", lowered)
+    # The longest prefix that ends a word: "max" is a reduction, "maximum" is not.
     best = ""
     for prefix in _CLASS_OF:
-        if lowered.startswith(prefix) and len(prefix) > len(best):
+        rest = lowered[len(prefix) : len(prefix) + 1]
+        if lowered.startswith(prefix) and not rest.isalpha() and len(prefix) > len(best):
             best = prefix
     return _CLASS_OF[best] if best else "elementwise"
 

@@ -127,3 +127,18 @@ def read_signature(model: onnx.ModelProto) -> Signature:
     if not outputs:
         raise InvalidModelError("model has no outputs")
     return Signature(inputs, outputs)
+
+
+def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple]) -> onnx.ModelProto:
+    """The bucket's sizes as the inputs' dims; a named dim stays symbolic under that one name."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in bucket:
+            for dim, size in zip(value.type.tensor_type.shape.dim, bucket[value.name], strict=True):
+                dim.Clear()
+                if isinstance(size, str):
+                    dim.dim_param = size
+                else:
+                    dim.dim_value = int(size)
+    return fixed

@@ -25,24 +25,10 @@ from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
 from ..memory import anonymous_resident_bytes
 from ..options import BuildJob, read_source
+from ..signature import fix_input_shapes
 from ..weights import GRAPH_NAME, load_weights
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
-
-
-def fix_input_shapes(model: onnx.ModelProto, bucket: dict[str, tuple]) -> onnx.ModelProto:
-    """The bucket's sizes as the inputs' dims; a named dim stays symbolic under that one name."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in fixed.graph.input:
-        if value.name in bucket:
-            for dim, size in zip(value.type.tensor_type.shape.dim, bucket[value.name], strict=True):
-                dim.Clear()
-                if isinstance(size, str):
-                    dim.dim_param = size
-                else:
-                    dim.dim_value = int(size)
-    return fixed
 
 
 def specialize(model: onnx.ModelProto, bucket: dict[str, tuple], simplify: bool) -> tuple[onnx.ModelProto, bool]:

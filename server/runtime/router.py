@@ -53,9 +53,8 @@ class Router:
         is not timed while it waits for its own requests.
         """
         inputs, engines = self._serving(served, bucket, kernels, served.planner.typical_request(bucket.bucket))
-        latency = median_latencies_ms(
-            {"onnxruntime": served.ort, **engines}, inputs, warmup=2, runs=self.settings.routing_runs
-        )
+        timed = {"onnxruntime": served.ort, **engines}
+        latency = median_latencies_ms(timed, inputs, warmup=2, runs=self.settings.routing_runs)
         errors = self._padded_errors(served, bucket, kernels)
         tolerance = served.planner.approximate_tolerance(bucket.bucket)
         allowed = ["onnxruntime"] + [e for e in kernels if tolerance is None or errors[e] <= tolerance]
@@ -66,9 +65,8 @@ class Router:
         elif concurrency >= 2 and len(allowed) > 1:
             # Requests arrive side by side: one request's latency would favour a kernel that uses
             # every core over ONNX Runtime sessions that serve callers in parallel.
-            everyone = {"onnxruntime": served.ort, **engines}
             throughput = requests_per_second(
-                {e: everyone[e] for e in allowed}, inputs, concurrency=concurrency, runs=self.settings.routing_runs
+                {e: timed[e] for e in allowed}, inputs, concurrency=concurrency, runs=self.settings.routing_runs
             )
             route = max(allowed, key=throughput.get)
         else:

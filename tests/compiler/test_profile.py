@@ -23,6 +23,8 @@ from tests.synthetic import make_model, value
         ("fused_softmax_multiply", "normalization"),
         ("transpose12", "layout"),
         ("fused_add_erf_multiply", "elementwise"),
+        ("fused_maximum_minimum_multiply", "elementwise"),
+        ("max3", "normalization"),
         ("vm.builtin.alloc_tensor", "runtime"),
         ("FusedConv", "contraction"),
         ("SkipLayerNormalization", "normalization"),
