@@ -26,6 +26,7 @@ import onnxruntime as ort
 _CLASSES = {
     "contraction": (
         "conv",
+        "convtranspose",
         "matmul",
         "batch_matmul",
         "dense",

@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
+from .legalize import custom_legalizations
 from .schedules import default_cpu_rules, vectorizable_math_pass
 
 
@@ -37,7 +38,7 @@ def tuned_module_stages(target: tvm.target.Target) -> list[tuple[str, list]]:
     math = [vectorizable_math_pass()] if target.kind.name == "llvm" else []
     return [
         ("dispatch", _backend(target).library_dispatch_passes(target)),
-        ("legalize", [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]),
+        ("legalize", [relax.transform.LegalizeOps(custom_legalizations()), relax.transform.AnnotateTIROpPattern()]),
         ("fold_constants", [relax.transform.FoldConstant()]),
         ("fuse", [relax.transform.FuseOps(), relax.transform.FuseTIR(), *math]),
     ]

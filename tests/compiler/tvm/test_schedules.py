@@ -114,6 +114,18 @@ def _pooling_model() -> bytes:
     return _model(nodes, ["batch", 8, 8, 64], ["batch", 8, 4, 32])
 
 
+def _conv_transpose_model(kernel: int = 2, stride: int = 2, pad: int = 0) -> bytes:
+    """Sigmoid(ConvTranspose(x) + b): 6 -> 4 channels; kernel == stride is a 2x upsampling."""
+    nodes = [
+        helper.make_node(
+            "ConvTranspose", ["x", "w", "b"], ["t"], kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[pad] * 4
+        ),
+        helper.make_node("Sigmoid", ["t"], ["y"]),
+    ]
+    weights = [_const("w", (6, 4, kernel, kernel)), _const("b", (4,))]
+    return _model(nodes, ["batch", 6, 10, 24], ["batch", 4, "h", "w"], weights)
+
+
 # (model, bucket, {kernel name fragment: rule expected to schedule it})
 CASES = {
     "elementwise": (_elementwise_model, {"x": (2, 6, 40)}, {"erf": "Injective"}),
@@ -121,6 +133,11 @@ CASES = {
     "matmul_padded_axis": (lambda: _matmul_model(32, 50), {"x": (1, 16, 32)}, {"matmul": "Contraction"}),
     "conv_bn_relu": (_conv_bn_relu_model, {"x": (1, 8, 12, 32)}, {"conv2d": "Contraction"}),
     "depthwise_conv": (_depthwise_model, {"x": (2, 8, 6, 32)}, {"conv2d": "Contraction"}),
+    "upsampling_conv_transpose": (
+        _conv_transpose_model,
+        {"x": (2, 6, 10, 24)},
+        {"conv2d_transpose_phases": "Contraction", "conv2d_transpose_interleave": "Injective"},
+    ),
     "softmax": (_softmax_model, {"x": (2, 8, 64)}, {"softmax": "RowReduction"}),
     "layer_norm": (_layer_norm_model, {"x": (2, 8, 64)}, {"layer_norm": "RowReduction"}),
     "pooling": (_pooling_model, {"x": (1, 8, 8, 64)}, {"max_pool2d": "Contraction", "mean": "RowReduction"}),
@@ -304,4 +321,27 @@ def test_matmul_weight_is_packed_into_column_panels_and_verifies(store):
     copy = script.index(f'T.sblock("{panel_name}")')
     assert script.index("T.parallel") < copy < script.index('T.sblock("matmul_update")')
     outcome = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
+def test_upsampling_conv_transpose_is_a_gemm_per_phase_not_a_convolution_over_zeros():
+    """kernel == stride: every output pixel has one input pixel per channel, so the kernel reduces over
+    the input channels alone (TOPI's form dilates the input with zeros and reduces over kernel taps too)."""
+    kernels = _fused_kernels(_conv_transpose_model(), {"x": (2, 6, 10, 24)})
+    assert not any("dilate" in f.script() for f in kernels.values()), sorted(kernels)
+    phases = next(f for n, f in kernels.items() if "conv2d_transpose_phases" in n)
+    sch = tvm.s_tir.Schedule(phases)
+    block = sch.get(sch.get_sblock("conv2d_transpose_phases"))
+    reduced = [int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == tvm.tirx.IterVar.CommReduce]
+    assert reduced == [6]  # the input channels, nothing else
+    # One MAC per output pixel and input channel.
+    assert math.prod(int(iv.dom.extent) for iv in block.iter_vars) == 2 * 4 * 20 * 48 * 6
+
+
+@pytest.mark.parametrize(("kernel", "stride", "pad"), [(3, 2, 1), (2, 1, 0)])
+def test_other_conv_transposes_keep_the_general_lowering_and_verify(kernel, stride, pad, store):
+    model = _conv_transpose_model(kernel, stride, pad)
+    kernels = _fused_kernels(model, {"x": (1, 6, 10, 24)})
+    assert not any("conv2d_transpose_phases" in n for n in kernels), sorted(kernels)
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 6, 10, 24)}, TARGET, store)
     assert outcome.manifest.verified is True, outcome.manifest.verification

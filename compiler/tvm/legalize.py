@@ -1,0 +1,81 @@
+"""jitserve's own lowerings of Relax ops whose default TE form wastes work on the CPU.
+
+``conv2d_transpose`` with kernel == stride (the 2x upsampling of U-Nets, FPNs and
+DBNet's head) has each output pixel fed by exactly one input pixel per input
+channel. TOPI's form dilates the input with zeros and runs a full convolution
+over them: s*s times the MACs, and a dilated copy of the input (PP-OCRv4 det:
+8.6 ms of a 35 ms run on AMD EPYC Zen 5 against 1.25 ms in ONNX Runtime). Here
+it is a GEMM per output phase, which the contraction rule tiles like a
+pointwise conv, followed by an interleave of the phases into the output.
+
+Runs in the compile child only (imports TVM).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te
+
+
+def _static_shape(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+def _is_upsampling_transpose(call: relax.Call) -> bool:
+    attrs = call.attrs
+    weight_shape, data_shape = _static_shape(call.args[1]), _static_shape(call.args[0])
+    if weight_shape is None or data_shape is None or len(weight_shape) != 4 or len(data_shape) != 4:
+        return False
+    strides = [int(s) for s in attrs.strides]
+    kernel = weight_shape[2:]
+    return (
+        attrs.data_layout == "NCHW"
+        and attrs.kernel_layout == "IOHW"
+        and attrs.out_layout == "NCHW"
+        and int(attrs.groups) == 1
+        and kernel == strides
+        and all(int(p) == 0 for p in attrs.padding)
+        and all(int(p) == 0 for p in attrs.output_padding)
+        and all(int(d) == 1 for d in attrs.dilation)
+    )
+
+
+def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    if not _is_upsampling_transpose(call):
+        return _DEFAULT_CONV2D_TRANSPOSE(bb, call)
+    out_dtype = call.ty.dtype
+    batch, in_channels, height, width = _static_shape(call.args[0])
+    _, out_channels, sy, sx = _static_shape(call.args[1])
+
+    def phases(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
+        # phase[n, a, b, o, i, j] feeds output pixel (i*sy + a, j*sx + b): rows o, columns j (contiguous in data).
+        rc = te.reduce_axis((0, in_channels), name="rc")
+        return te.compute(
+            (batch, sy, sx, out_channels, height, width),
+            lambda n, a, b, o, i, j: te.sum(
+                data[n, rc, i, j].astype(out_dtype) * weight[rc, o, a, b].astype(out_dtype), axis=rc
+            ),
+            name="conv2d_transpose_phases",
+        )
+
+    def interleave(phase: te.Tensor) -> te.Tensor:
+        return te.compute(
+            (batch, out_channels, height * sy, width * sx),
+            lambda n, o, y, x: phase[n, y % sy, x % sx, o, y // sy, x // sx],
+            name="conv2d_transpose_interleave",
+        )
+
+    phase = bb.emit_te(phases, call.args[0], call.args[1], primfunc_name_hint="conv2d_transpose_phases")
+    return bb.call_te(interleave, phase, primfunc_name_hint="conv2d_transpose_interleave")
+
+
+_DEFAULT_CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose").get_attr("FLegalize")
+
+
+def custom_legalizations() -> dict:
+    """The ``customize_legalize_map`` of ``relax.transform.LegalizeOps``."""
+    return {"relax.nn.conv2d_transpose": _conv2d_transpose}
