@@ -8,13 +8,22 @@ over them: s*s times the MACs, and a dilated copy of the input (PP-OCRv4 det:
 it is a GEMM per output phase, which the contraction rule tiles like a
 pointwise conv, followed by an interleave of the phases into the output.
 
+A pointwise ``conv2d`` (1x1, stride 1, no padding) on a feature map whose
+width fills no whole vector tile (a detector's 20x20 and 40x40 stages)
+vectorizes that width: 4 of 16 lanes at width 20, or a computation padded to
+32. As a matmul over the flattened map (H*W columns, contiguous in NCHW) it
+gets whole vector tiles: 384 -> 384 channels at 20x20 ran 2.04 -> 0.51 ms
+with AVX-512 and 3.34 -> 0.92 ms with AVX2 kernels (AMD EPYC Zen 5).
+
 Runs in the compile child only (imports TVM).
 """
 
 from __future__ import annotations
 
 import tvm
-from tvm import relax, te
+from tvm import relax, te, topi
+
+from .schedules.base import pick_factor, vector_lanes
 
 
 def _static_shape(expr: relax.Expr) -> list[int] | None:
@@ -73,9 +82,57 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(interleave, phase, primfunc_name_hint="conv2d_transpose_interleave")
 
 
+def _flattened_pointwise(call: relax.Call) -> bool:
+    """A 1x1 conv whose map, flattened, fills vectors that its width alone does not."""
+    attrs = call.attrs
+    weight_shape, data_shape = _static_shape(call.args[1]), _static_shape(call.args[0])
+    target = tvm.target.Target.current(allow_none=True)
+    if weight_shape is None or data_shape is None or len(data_shape) != 4 or target is None:
+        return False
+    if target.kind.name != "llvm" or call.ty.dtype != "float32":
+        return False
+    pointwise = (
+        attrs.data_layout == "NCHW"
+        and attrs.kernel_layout == "OIHW"
+        and attrs.out_layout == "NCHW"
+        and int(attrs.groups) == 1
+        and weight_shape[2:] == [1, 1]
+        and all(int(s) == 1 for s in attrs.strides)
+        and all(int(p) == 0 for p in attrs.padding)
+    )
+    lanes = vector_lanes(target, "float32")
+    height, width = data_shape[2:]
+
+    def vector_tile(extent: int) -> int:  # as the contraction rule picks its vector tile
+        return pick_factor(extent, [lanes * 2, lanes, lanes // 2]) or 0
+
+    return pointwise and vector_tile(width) < vector_tile(height * width)
+
+
+def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    if not _flattened_pointwise(call):
+        return _DEFAULT_CONV2D(bb, call)
+    batch, in_channels, height, width = _static_shape(call.args[0])
+    out_channels = _static_shape(call.args[1])[0]
+    out_dtype = call.ty.dtype
+
+    def pointwise(rows: te.Tensor, weight: te.Tensor) -> te.Tensor:
+        rc = te.reduce_axis((0, in_channels), name="rc")
+        return te.compute(
+            (batch, out_channels, height * width),
+            lambda n, o, f: te.sum(rows[n, rc, f].astype(out_dtype) * weight[o, rc, 0, 0].astype(out_dtype), axis=rc),
+            name="conv2d_pointwise",
+        )
+
+    rows = bb.emit_te(topi.reshape, call.args[0], (batch, in_channels, height * width), primfunc_name_hint="reshape")
+    flat = bb.emit_te(pointwise, rows, call.args[1], primfunc_name_hint="conv2d_pointwise")
+    return bb.call_te(topi.reshape, flat, (batch, out_channels, height, width), primfunc_name_hint="reshape")
+
+
+_DEFAULT_CONV2D = tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")
 _DEFAULT_CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose").get_attr("FLegalize")
 
 
 def custom_legalizations() -> dict:
     """The ``customize_legalize_map`` of ``relax.transform.LegalizeOps``."""
-    return {"relax.nn.conv2d_transpose": _conv2d_transpose}
+    return {"relax.nn.conv2d": _conv2d, "relax.nn.conv2d_transpose": _conv2d_transpose}

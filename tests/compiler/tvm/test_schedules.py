@@ -126,6 +126,17 @@ def _conv_transpose_model(kernel: int = 2, stride: int = 2, pad: int = 0) -> byt
     return _model(nodes, ["batch", 6, 10, 24], ["batch", 4, "h", "w"], weights)
 
 
+def _pointwise_model(width: int = 20) -> bytes:
+    """HardSigmoid(Conv1x1(x) + b) + x, 16 -> 16 channels: a detector's late, small-map stage."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[1, 1]),
+        helper.make_node("HardSigmoid", ["t"], ["s"]),
+        helper.make_node("Add", ["s", "x"], ["y"]),
+    ]
+    weights = [_const("w", (16, 16, 1, 1)), _const("b", (16,))]
+    return _model(nodes, ["batch", 16, 20, width], ["batch", 16, 20, width], weights)
+
+
 # (model, bucket, {kernel name fragment: rule expected to schedule it})
 CASES = {
     "elementwise": (_elementwise_model, {"x": (2, 6, 40)}, {"erf": "Injective"}),
@@ -138,6 +149,7 @@ CASES = {
         {"x": (2, 6, 10, 24)},
         {"conv2d_transpose_phases": "Contraction", "conv2d_transpose_interleave": "Injective"},
     ),
+    "flattened_pointwise_conv": (_pointwise_model, {"x": (2, 16, 20, 20)}, {"conv2d_pointwise": "Contraction"}),
     "softmax": (_softmax_model, {"x": (2, 8, 64)}, {"softmax": "RowReduction"}),
     "layer_norm": (_layer_norm_model, {"x": (2, 8, 64)}, {"layer_norm": "RowReduction"}),
     "pooling": (_pooling_model, {"x": (1, 8, 8, 64)}, {"max_pool2d": "Contraction", "mean": "RowReduction"}),
@@ -345,3 +357,13 @@ def test_other_conv_transposes_keep_the_general_lowering_and_verify(kernel, stri
     assert not any("conv2d_transpose_phases" in n for n in kernels), sorted(kernels)
     outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 6, 10, 24)}, TARGET, store)
     assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
+def test_pointwise_conv_is_a_matmul_over_the_flattened_map_only_where_its_width_fills_no_vector_tile():
+    small = _fused_kernels(_pointwise_model(20), {"x": (1, 16, 20, 20)})
+    pointwise = next(f for n, f in small.items() if "conv2d_pointwise" in n)
+    sch = tvm.s_tir.Schedule(pointwise)
+    block = sch.get(sch.get_sblock("conv2d_pointwise"))
+    assert [int(iv.dom.extent) for iv in block.iter_vars] == [1, 16, 400, 16]  # n, o, h*w, input channels
+    wide = _fused_kernels(_pointwise_model(64), {"x": (1, 16, 20, 64)})
+    assert not any("conv2d_pointwise" in n for n in wide) and any("conv2d" in n for n in wide), sorted(wide)
