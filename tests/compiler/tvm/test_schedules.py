@@ -22,7 +22,7 @@ from tvm.s_tir import dlight as dl  # noqa: E402
 
 from compiler.tvm import schedules as cpu_schedules  # noqa: E402
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
-from compiler.tvm.pipeline import tuned_module_passes  # noqa: E402
+from compiler.tvm.pipeline import tuned_module_passes, tuned_module_stages  # noqa: E402
 
 TARGET = resolve_target("llvm")
 RNG = np.random.default_rng(7)
@@ -348,6 +348,17 @@ def test_upsampling_conv_transpose_is_a_gemm_per_phase_not_a_convolution_over_ze
     assert reduced == [6]  # the input channels, nothing else
     # One MAC per output pixel and input channel.
     assert math.prod(int(iv.dom.extent) for iv in block.iter_vars) == 2 * 4 * 20 * 48 * 6
+
+
+def test_cuda_keeps_tvms_own_lowering_of_the_convolutions():
+    bucket = {"x": (1, 6, 10, 24)}
+    specialized, _ = specialize(onnx.load_from_string(_conv_transpose_model()), bucket, True)
+    mod = import_relax(specialized, bucket, {"x": "float32"})
+    target = tvm.target.Target(resolve_target("cuda"))
+    with target:
+        mod = tvm.ir.transform.Sequential([p for _, ps in tuned_module_stages(target)[:2] for p in ps])(mod)
+    names = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert any("conv2d_transpose" in n for n in names) and not any("phases" in n for n in names), names
 
 
 @pytest.mark.parametrize(("kernel", "stride", "pad"), [(3, 2, 1), (2, 1, 0)])
