@@ -23,7 +23,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
-from .schedules.base import pick_factor, vector_lanes
+from .schedules.base import vector_lanes, whole_vector_tile
 
 
 def _static_shape(expr: relax.Expr) -> list[int] | None:
@@ -107,11 +107,7 @@ def _flattened_pointwise(call: relax.Call) -> bool:
     )
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
     height, width = data_shape[2:]
-
-    def vector_tile(extent: int) -> int:  # as the contraction rule picks its vector tile
-        return pick_factor(extent, [lanes * 2, lanes, lanes // 2]) or 0
-
-    return pointwise and vector_tile(width) < vector_tile(height * width)
+    return pointwise and (whole_vector_tile(width, lanes) or 0) < (whole_vector_tile(height * width, lanes) or 0)
 
 
 def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:

@@ -158,6 +158,12 @@ def pick_factor(extent: int, candidates: list[int]) -> int | None:
     return next((f for f in candidates if 0 < f <= extent and extent % f == 0), None)
 
 
+def whole_vector_tile(extent: int, lanes: int) -> int | None:
+    """The vector tile a contraction's vectorized axis of ``extent`` gets without padding: two
+    vectors, one, or half of one; ``None`` when none divides it (the rule then pads the axis)."""
+    return pick_factor(extent, [lanes * 2, lanes, lanes // 2])
+
+
 def total_elements(sch: s_tir.Schedule, block: SBlockRV) -> int:
     return product_of(loop_extent(sch, loop) or 1 for loop in sch.get_loops(block))
 

@@ -30,9 +30,9 @@ from .base import (
     total_elements,
     trivially_bound,
     vars_of,
-    vector_lanes,
     vector_unit,
     vectorize_innermost,
+    whole_vector_tile,
 )
 
 # A packed weight panel lives on a worker thread's stack: K x nr floats at most this size.
@@ -84,10 +84,11 @@ class Contraction(SafeRule):
         if found is None:
             return None
         main, info = found
-        lanes = vector_lanes(target, str(sch.get(main).writes[0].source.dtype))
+        unit = vector_unit(target)
+        lanes = unit.lanes(str(sch.get(main).writes[0].source.dtype))
 
         n = info.extents[info.vec]
-        if allow_pad and n > lanes and pick_factor(n, [lanes * 2, lanes, lanes // 2]) is None:
+        if allow_pad and n > lanes and whole_vector_tile(n, lanes) is None:
             padding = [1] * len(info.extents)
             padding[info.vec] = lanes
             sch.pad_einsum(main, padding)
@@ -102,7 +103,7 @@ class Contraction(SafeRule):
         names = block_names(sch)
         producers = names[: names.index(main_name)]
         after = names[names.index(main_name) + 1 :]
-        mr, nr = _tile_sizes(info, lanes, vector_unit(target).accumulators)
+        mr, nr = _tile_sizes(info, lanes, unit.accumulators)
 
         # A single pad indexed by plain (batch, channel) axes is computed per channel.
         per_channel: list[int] = []
