@@ -79,11 +79,14 @@ def compile_relax(
     database=None,
     stage_seconds: dict[str, float] | None = None,
     observed: dict[str, str] | None = None,
+    *,
+    symbolic_bounds: dict[str, tuple[int, int]] | None = None,
 ):
-    """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest."""
+    """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest;
+    ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with."""
     target = tvm.target.Target(target_dict)
     try:
-        pipeline = build_pipeline(target, database, stage_seconds, observed)
+        pipeline = build_pipeline(target, database, stage_seconds, observed, symbolic_bounds)
         return tvm.compile(mod, target, relax_pipeline=pipeline)
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
@@ -154,7 +157,9 @@ def build_and_verify(job: BuildJob) -> dict:
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}
     observed: dict[str, str] = {}
-    executable = compile_relax(mod, job.target, open_shared_database(job.database_dir), pipeline_stages, observed)
+    bounds = {name: (min(sizes), max(sizes)) for name, sizes in (job.verify_sizes or {}).items() if sizes}
+    database = open_shared_database(job.database_dir)
+    executable = compile_relax(mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds)
     facts["schedule_digest"] = observed.get("schedule_digest")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)

@@ -21,7 +21,7 @@ from tvm import relax
 from tvm.s_tir import dlight as dl
 
 from .legalize import custom_legalizations
-from .schedules import default_cpu_rules, vectorizable_math_pass
+from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
 
 
 def _backend(target: tvm.target.Target):
@@ -33,12 +33,15 @@ def _backend(target: tvm.target.Target):
     raise ValueError(f"unsupported target kind {target.kind.name!r}")
 
 
-def tuned_module_stages(target: tvm.target.Target) -> list[tuple[str, list]]:
+def tuned_module_stages(
+    target: tvm.target.Target, symbolic_bounds: SymbolicBounds | None = None
+) -> list[tuple[str, list]]:
     """Everything up to (and including) fusion, as named stages: the TIR functions that tuning sees."""
     math = [vectorizable_math_pass()] if target.kind.name == "llvm" else []
+    legalize = relax.transform.LegalizeOps(custom_legalizations(symbolic_bounds))
     return [
         ("dispatch", _backend(target).library_dispatch_passes(target)),
-        ("legalize", [relax.transform.LegalizeOps(custom_legalizations()), relax.transform.AnnotateTIROpPattern()]),
+        ("legalize", [legalize, relax.transform.AnnotateTIROpPattern()]),
         ("fold_constants", [relax.transform.FoldConstant()]),
         ("fuse", [relax.transform.FuseOps(), relax.transform.FuseTIR(), *math]),
     ]
@@ -48,12 +51,12 @@ def tuned_module_passes(target: tvm.target.Target) -> list:
     return [p for _, passes in tuned_module_stages(target) for p in passes]
 
 
-def default_schedule_pass(target: tvm.target.Target):
+def default_schedule_pass(target: tvm.target.Target, symbolic_bounds: SymbolicBounds | None = None):
     if target.kind.name == "cuda":
         return dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
         )
-    return dl.ApplyDefaultSchedule(*default_cpu_rules())
+    return dl.ApplyDefaultSchedule(*default_cpu_rules(symbolic_bounds))
 
 
 def schedule_digest(mod: tvm.ir.IRModule) -> str:
@@ -70,18 +73,20 @@ def build_pipeline(
     database=None,
     stage_seconds: dict[str, float] | None = None,
     observed: dict[str, str] | None = None,
+    symbolic_bounds: SymbolicBounds | None = None,
 ) -> tvm.transform.Pass:
     """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time and
-    ``observed`` the ``schedule_digest`` of the scheduled module."""
+    ``observed`` the ``schedule_digest`` of the scheduled module. ``symbolic_bounds``: the range of
+    each symbolic dim (the dynamic tier), which the CPU schedules plan their tiles and threads with."""
     backend = _backend(target)
 
     def stages() -> list[tuple[str, list]]:
         # Built under the target: MetaScheduleApplyDatabase reads Target.current() when constructed.
         tuned = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)] if database is not None else []
         return [
-            *tuned_module_stages(target),
+            *tuned_module_stages(target, symbolic_bounds),
             ("apply_tuning_records", tuned),
-            ("schedule", [default_schedule_pass(target)]),
+            ("schedule", [default_schedule_pass(target, symbolic_bounds)]),
             ("lower", backend.dataflow_lower_passes(target) + backend.finalize_passes(target)),
         ]
 

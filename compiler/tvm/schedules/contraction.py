@@ -5,8 +5,9 @@ vectorized and run in parallel when large."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import tvm
 from tvm import s_tir, tirx
 
 from .base import (
@@ -18,14 +19,18 @@ from .base import (
     SafeRule,
     SBlockRV,
     block_names,
+    extent_bound,
     has_if_then_else,
     inline_injective,
     is_spatial,
+    loop_bound,
     loop_depth,
     loop_extent,
     pick_factor,
     product_of,
     root_blocks,
+    split_symbolic,
+    symbolic_tile,
     target_cores,
     total_elements,
     trivially_bound,
@@ -53,6 +58,10 @@ class Contraction(SafeRule):
     are inlined; a padding producer is computed per channel inside the parallel
     loop (depthwise conv) or once up front, split into a zero fill and a
     vectorized copy of the interior.
+
+    A symbolic extent (the dynamic tier) is tiled as a constant one of the
+    range's largest size would be; its tiles' loop stays serial under the
+    parallel one, so that the last, guarded tile is peeled off when it lowers.
     """
 
     def _schedule(self, func, target):
@@ -88,9 +97,10 @@ class Contraction(SafeRule):
         lanes = unit.lanes(str(sch.get(main).writes[0].source.dtype))
 
         n = info.extents[info.vec]
-        if allow_pad and n > lanes and whole_vector_tile(n, lanes) is None:
+        symbolic_vec = info.vec in info.symbolic
+        if allow_pad and (symbolic_vec or (n > lanes and whole_vector_tile(n, lanes) is None)):
             padding = [1] * len(info.extents)
-            padding[info.vec] = lanes
+            padding[info.vec] = symbolic_tile(n, lanes) if symbolic_vec else lanes
             sch.pad_einsum(main, padding)
             names = block_names(sch)
             after = names[names.index(main_name) + 1 :]
@@ -113,7 +123,9 @@ class Contraction(SafeRule):
                 per_channel = plain
 
         # A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile.
-        packed = None if producers else _packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
+        packed = None
+        if not producers and not info.symbolic:
+            packed = _packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
 
         loops = sch.get_loops(main)
         first: list[LoopRV] = []  # fused and parallel
@@ -125,15 +137,19 @@ class Contraction(SafeRule):
                 group = first if pos in per_channel else second
             else:
                 group = second if (packed is not None and pos == info.reg) else first
+            symbolic = pos in info.symbolic
+            split = split_symbolic if symbolic else _split_tile
+            if symbolic and pos in (info.vec, info.reg):
+                group = second  # a peeled loop cannot be part of the fused parallel one
             if pos == info.vec:
-                if nr < info.extents[pos]:
-                    loop, vec_inner = sch.split(loop, factors=[None, nr])
+                if nr < info.extents[pos] or symbolic:
+                    loop, vec_inner = split(sch, loop, nr)
                     group.append(loop)
                 else:
                     vec_inner = loop
-            elif pos == info.reg and mr > 1:
-                if mr < info.extents[pos]:
-                    loop, reg_inner = sch.split(loop, factors=[None, mr])
+            elif pos == info.reg and (mr > 1 or symbolic):
+                if mr < info.extents[pos] or symbolic:
+                    loop, reg_inner = split(sch, loop, mr)
                     group.append(loop)
                 else:
                     reg_inner = loop
@@ -143,7 +159,7 @@ class Contraction(SafeRule):
         sch.reorder(*first, *second, *reduce_loops, *[x for x in (reg_inner, vec_inner) if x is not None])
         fused = sch.fuse(*first) if len(first) > 1 else (first[0] if first else None)
         tile = second[-1] if second else fused
-        if fused is not None and product_of(info.extents) >= PARALLEL_MIN_MACS and (loop_extent(sch, fused) or 1) >= 2:
+        if fused is not None and product_of(info.extents) >= PARALLEL_MIN_MACS and (loop_bound(sch, fused) or 1) >= 2:
             sch.parallel(fused)
 
         # The tile accumulates in a local buffer; the epilogue (or a write-back) reads it per tile.
@@ -190,7 +206,9 @@ class _ContractionInfo:
     vec: int  # the vectorized iter: innermost non-unit output axis
     reg: int | None  # the register-blocked iter
     reuse: bool  # whether the vector-loaded operands are shared across ``reg``
-    extents: list[int]
+    extents: list[int]  # a symbolic extent at its largest value
+    symbolic: frozenset[int] = frozenset()  # iters whose extent is symbolic
+    multiple: dict[int, int] = field(default_factory=dict)  # a symbolic extent -> a number it is a multiple of
 
 
 def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionInfo | None:
@@ -198,7 +216,12 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionIn
     if len(stmt.writes) != 1 or not trivially_bound(sch, block):
         return None
     iter_vars = list(stmt.iter_vars)
-    extents = [int(iv.dom.extent) for iv in iter_vars]
+    bounds = [extent_bound(iv.dom.extent) for iv in iter_vars]
+    if any(b is None for b in bounds):
+        return None
+    extents = [int(b) for b in bounds]
+    symbolic = frozenset(i for i, iv in enumerate(iter_vars) if not isinstance(iv.dom.extent, tirx.IntImm))
+    multiple = {i: _known_multiple(iter_vars[i].dom.extent) for i in symbolic}
     spatial = [i for i, iv in enumerate(iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
     reduce = [i for i, iv in enumerate(iter_vars) if iv.iter_type == tirx.IterVar.CommReduce]
     if not reduce or not spatial or len(spatial) + len(reduce) != len(iter_vars):
@@ -233,11 +256,11 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionIn
     candidates = [p for p in spatial if p != vec and extents[p] > 1 and not streamed_use(p)]
     if candidates:
         reg = max(candidates, key=lambda p: (extents[p], p))
-        return _ContractionInfo(spatial, reduce, vec, reg, True, extents)
+        return _ContractionInfo(spatial, reduce, vec, reg, True, extents, symbolic, multiple)
     # No reuse to win (depthwise conv, pooling): block the axis next to the vector one anyway,
     # for independent accumulators.
     before = [p for p in spatial if p < vec and extents[p] > 1]
-    return _ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents)
+    return _ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents, symbolic, multiple)
 
 
 def _packable_operand(
@@ -293,13 +316,21 @@ def _tile_sizes(info: _ContractionInfo, lanes: int, accumulators: int) -> tuple[
     """Register tile: ``mr`` rows of the register-blocked axis by ``nr`` lanes of the vector axis.
 
     ``nr`` is a power-of-two number of vectors (or a part of one): LLVM spills odd-sized
-    vectors (48 lanes ran 3x slower than 32 in a depthwise conv).
+    vectors (48 lanes ran 3x slower than 32 in a depthwise conv). A symbolic axis
+    needs no divisor (its tail is peeled): whole vectors, and the full budget of rows.
     """
-    nr = pick_factor(info.extents[info.vec], [lanes * 2, lanes, lanes * 4, lanes // 2, lanes // 4]) or 1
+    n = info.extents[info.vec]
+    if info.vec in info.symbolic:  # a width padded to whole tiles (see legalize.py) splits without a tail
+        multiple = info.multiple.get(info.vec, 1)
+        nr = next((t for t in (lanes * 2, lanes) if multiple % t == 0), symbolic_tile(n, lanes))
+    else:
+        nr = pick_factor(n, [lanes * 2, lanes, lanes * 4, lanes // 2, lanes // 4]) or 1
     if info.reg is None:
         return 1, nr
     vectors = max(1, -(-nr // lanes))
     budget = max(1, (accumulators if info.reuse else ACCUMULATOR_VECTORS_NO_REUSE) // vectors)
+    if info.reg in info.symbolic:
+        return max(1, min(budget, info.extents[info.reg])), nr
     return pick_factor(info.extents[info.reg], list(range(budget, 0, -1))) or 1, nr
 
 
@@ -317,6 +348,17 @@ def _plain_iters(sch: s_tir.Schedule, main: SBlockRV, producer: str, info: _Cont
         if len(used) == 1 and used[0] in by_var:
             plain.append(by_var[used[0]])
     return sorted(plain)
+
+
+def _known_multiple(extent) -> int:
+    """The largest number a symbolic extent is provably a multiple of (1 when none is known)."""
+    known = tvm.sym.Analyzer().modular_set(extent)
+    return int(known.coeff) if int(known.base) == 0 and int(known.coeff) > 0 else 1
+
+
+def _split_tile(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> tuple[LoopRV, LoopRV]:
+    outer, inner = sch.split(loop, factors=[None, factor])
+    return outer, inner
 
 
 def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:

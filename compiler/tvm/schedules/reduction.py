@@ -13,13 +13,16 @@ from .base import (
     LoopRV,
     SafeRule,
     SBlockRV,
+    extent_bound,
     get_sblock_realize,
     has_if_then_else,
     is_spatial,
+    loop_bound,
     loop_depth,
     loop_extent,
     pick_factor,
     root_blocks,
+    split_symbolic,
     total_elements,
     trivially_bound,
     vars_of,
@@ -66,7 +69,7 @@ class RowReduction(SafeRule):
         blocks = root_blocks(sch)
         loops = sch.get_loops(blocks[-1])
         outer = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-        if (loop_extent(sch, outer) or 1) >= 2 and max(total_elements(sch, b) for b in blocks) >= PARALLEL_MIN_ELEMENTS:
+        if (loop_bound(sch, outer) or 1) >= 2 and max(total_elements(sch, b) for b in blocks) >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(outer)
         for block in reversed(blocks[:-1]):
             sch.compute_at(block, outer, preserve_unit_loops=True)
@@ -77,7 +80,10 @@ class RowReduction(SafeRule):
             if name in partials:
                 _vectorize_partials(sch, block, block_loops, partials[name])
             elif block_loops and is_spatial(sch, block):
-                extent = loop_extent(sch, block_loops[-1]) or 1
+                extent = loop_extent(sch, block_loops[-1])
+                if extent is None:  # symbolic: whole vectors, the tail peeled off
+                    sch.vectorize(split_symbolic(sch, block_loops[-1], lanes)[1])
+                    continue
                 factor = pick_factor(extent, [lanes * 2, lanes, lanes // 2, lanes // 4])
                 if factor is not None and factor >= 2:
                     vec = block_loops[-1] if factor == extent else sch.split(block_loops[-1], [None, factor])[1]
@@ -86,18 +92,19 @@ class RowReduction(SafeRule):
 
 
 def _leading_spatial(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
-    """How many leading spatial iters, with equal extents, all ``blocks`` share."""
-    common: list[int] | None = None
+    """How many leading spatial iters, with equal extents (constant or symbolic), all ``blocks`` share."""
+    analyzer = tvm.sym.Analyzer()
+    common: list | None = None
     for block in blocks:
         extents = []
         for iv in sch.get(block).iter_vars:
-            if iv.iter_type != tirx.IterVar.DataPar or not isinstance(iv.dom.extent, tirx.IntImm):
+            if iv.iter_type != tirx.IterVar.DataPar or extent_bound(iv.dom.extent) is None:
                 break
-            extents.append(int(iv.dom.extent))
+            extents.append(iv.dom.extent)
         if common is None:
             common = extents
         n = 0
-        while n < min(len(common), len(extents)) and common[n] == extents[n]:
+        while n < min(len(common), len(extents)) and analyzer.can_prove_equal(common[n], extents[n]):
             n += 1
         common = common[:n]
     return len(common or [])
@@ -111,9 +118,13 @@ def _vector_partials(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> tuple[
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     # The innermost iter that is not a unit one (1x1 kernel axes) must be the reduction.
-    position = next((i for i in reversed(range(len(loops))) if int(stmt.iter_vars[i].dom.extent) > 1), None)
+    position = next(
+        (i for i in reversed(range(len(loops))) if (extent_bound(stmt.iter_vars[i].dom.extent) or 2) > 1), None
+    )
     if position is None or stmt.iter_vars[position].iter_type != tirx.IterVar.CommReduce:
         return None
+    if not isinstance(stmt.iter_vars[position].dom.extent, tirx.IntImm):
+        return None  # a symbolic reduction stays serial
     extent = int(stmt.iter_vars[position].dom.extent)
     factor = pick_factor(extent, [lanes, lanes // 2])
     if factor is None or factor < 4 or extent // factor < 2 or not _contiguous_in(stmt, stmt.iter_vars[position].var):
