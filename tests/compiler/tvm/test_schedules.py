@@ -22,7 +22,7 @@ from tvm.s_tir import dlight as dl  # noqa: E402
 
 from compiler.tvm import schedules as cpu_schedules  # noqa: E402
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
-from compiler.tvm.pipeline import tuned_module_passes, tuned_module_stages  # noqa: E402
+from compiler.tvm.pipeline import tuned_module_stages  # noqa: E402
 
 TARGET = resolve_target("llvm")
 RNG = np.random.default_rng(7)
@@ -56,17 +56,17 @@ def _elementwise_model() -> bytes:
     return _model(nodes, ["batch", 6, 40], ["batch", 40, 6], [_const("b", (40,))])
 
 
-def _matmul_model(k: int = 64, n: int = 48) -> bytes:
+def _matmul_model(k: int = 64, n: int = 48, rows: int | str = 16) -> bytes:
     """Relu(x @ W + b) over [batch, 16, k]."""
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["mm"]),
         helper.make_node("Add", ["mm", "b"], ["z"]),
         helper.make_node("Relu", ["z"], ["y"]),
     ]
-    return _model(nodes, ["batch", 16, k], ["batch", 16, n], [_const("W", (k, n), 0.2), _const("b", (n,))])
+    return _model(nodes, ["batch", rows, k], ["batch", rows, n], [_const("W", (k, n), 0.2), _const("b", (n,))])
 
 
-def _conv_bn_relu_model() -> bytes:
+def _conv_bn_relu_model(width: int | str = 32) -> bytes:
     """3x3 conv (padding 1) -> BatchNormalization -> Relu, 8 -> 16 channels."""
     c, f = 8, 16
     nodes = [
@@ -81,10 +81,10 @@ def _conv_bn_relu_model() -> bytes:
         _const("mean", (f,)),
         numpy_helper.from_array((RNG.random(f) + 0.5).astype(np.float32), "var"),
     ]
-    return _model(nodes, ["batch", c, 12, 32], ["batch", f, 12, 32], inits)
+    return _model(nodes, ["batch", c, 12, width], ["batch", f, 12, width], inits)
 
 
-def _depthwise_model() -> bytes:
+def _depthwise_model(width: int | str = 32) -> bytes:
     """Depthwise 5x5 conv (padding 2) + bias -> HardSwish, 8 channels."""
     c = 8
     nodes = [
@@ -92,11 +92,11 @@ def _depthwise_model() -> bytes:
         helper.make_node("HardSwish", ["conv"], ["y"]),
     ]
     inits = [_const("W", (c, 1, 5, 5), 0.3), _const("b", (c,))]
-    return _model(nodes, ["batch", c, 6, 32], ["batch", c, 6, 32], inits)
+    return _model(nodes, ["batch", c, 6, width], ["batch", c, 6, width], inits)
 
 
-def _softmax_model() -> bytes:
-    return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], ["batch", 8, 64], ["batch", 8, 64])
+def _softmax_model(width: int | str = 64) -> bytes:
+    return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], ["batch", 8, width], ["batch", 8, width])
 
 
 def _layer_norm_model() -> bytes:
@@ -156,19 +156,20 @@ CASES = {
 }
 
 
-def _fused_kernels(model: bytes, bucket: dict) -> dict[str, tvm.tirx.PrimFunc]:
+def _fused_kernels(model: bytes, bucket: dict, bounds: dict | None = None) -> dict[str, tvm.tirx.PrimFunc]:
     specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
     mod = import_relax(specialized, bucket, {"x": "float32"})
     target = tvm.target.Target(TARGET)
     with target:
-        mod = tvm.transform.Sequential(tuned_module_passes(target))(mod)
+        passes = [p for _, stage in tuned_module_stages(target, bounds) for p in stage]
+        mod = tvm.transform.Sequential(passes)(mod)
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
-def _first_match(func) -> tuple[str, str] | None:
+def _first_match(func, bounds: dict | None = None) -> tuple[str, str] | None:
     """(rule name, scheduled TVMScript) of the first rule that schedules ``func``."""
     target = tvm.target.Target(TARGET)
-    for rule in cpu_schedules.default_cpu_rules():
+    for rule in cpu_schedules.default_cpu_rules(bounds):
         sch = rule.apply(func, target, False)
         if sch is not None:
             return type(rule).__name__, sch.mod["main"].script()
@@ -378,3 +379,80 @@ def test_pointwise_conv_is_a_matmul_over_the_flattened_map_only_where_its_width_
     assert [int(iv.dom.extent) for iv in block.iter_vars] == [1, 16, 400, 16]  # n, o, h*w, input channels
     wide = _fused_kernels(_pointwise_model(64), {"x": (1, 16, 20, 64)})
     assert not any("conv2d_pointwise" in n for n in wide) and any("conv2d" in n for n in wide), sorted(wide)
+
+
+def _strided_conv_model(width: int | str = 32) -> bytes:
+    """3x3 conv, stride 2, padding 1, 4 -> 8 channels, then Relu: a width the kernel sees halved."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["t"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["t"], ["y"]),
+    ]
+    return _model(nodes, ["batch", 4, 10, width], ["batch", 8, 5, "w2"], [_const("w", (8, 4, 3, 3), 0.3)])
+
+
+# The dynamic tier: (model, bucket with a symbolic dim, {kernel fragment: rule}, verification sizes). The sizes
+# leave every remainder class of an 8- and 16-lane tile (0, 1, lanes - 1) on the kernels' vectorized axes.
+SYMBOLIC_RANGE = (17, 100)
+SYMBOLIC_SIZES = [17, 31, 32, 33, 47, 48, 63, 64, 65, 100]
+SYMBOLIC_CASES = {
+    "conv_bn_relu": (lambda: _conv_bn_relu_model("w"), {"x": (1, 8, 12, "W")}, {"conv2d": "Contraction"}),
+    "depthwise_conv": (lambda: _depthwise_model("w"), {"x": (2, 8, 6, "W")}, {"conv2d": "Contraction"}),
+    "strided_conv": (lambda: _strided_conv_model("w"), {"x": (1, 4, 10, "W")}, {"conv2d": "Contraction"}),
+    "matmul_rows": (lambda: _matmul_model(rows="m"), {"x": (2, "W", 64)}, {"matmul": "Contraction"}),
+    "softmax": (lambda: _softmax_model("w"), {"x": (2, 8, "W")}, {"softmax": "RowReduction"}),
+    "elementwise": (_elementwise_model, {"x": ("W", 6, 40)}, {"erf": "Injective"}),
+}
+
+
+@pytest.mark.parametrize("case", list(SYMBOLIC_CASES))
+def test_rules_schedule_symbolic_extents_and_every_tail_verifies(case, store):
+    """A symbolic dim's loops are tiled and vectorized like a static one's (not left naive); the kernel
+    matches ONNX Runtime at sizes that leave each remainder of the vector tiles, and at sizes it was
+    not verified at."""
+    from compiler.build import open_kernel
+    from compiler.engines import OrtEngine
+
+    build, bucket, expected = SYMBOLIC_CASES[case]
+    model = build()
+    bounds = {"W": SYMBOLIC_RANGE}
+    kernels = _fused_kernels(model, bucket, bounds)
+    for fragment, rule in expected.items():
+        names = [n for n in kernels if fragment in n]
+        assert names, f"no fused kernel named *{fragment}* in {sorted(kernels)}"
+        for name in names:
+            match = _first_match(kernels[name], bounds)
+            assert match is not None, f"{name}: no rule matched"
+            assert match[0] == rule, f"{name}: scheduled by {match[0]}, expected {rule}"
+            assert "T.vectorized" in match[1], f"{name}: nothing vectorized"
+    loaded = load_model(model, max_bytes=1 << 20)
+    outcome = compile_bucket(loaded, bucket, TARGET, store, verify_sizes={"W": SYMBOLIC_SIZES})
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    kernel, reference = open_kernel(loaded, outcome, store), OrtEngine(model)
+    for size in (18, 50, 99):
+        shape = tuple(size if d == "W" else d for d in bucket["x"])
+        x = {"x": RNG.standard_normal(shape).astype(np.float32)}
+        np.testing.assert_allclose(kernel.run(x)["y"], reference.run(x)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_a_symbolic_width_conv_accumulates_whole_vector_tiles_without_a_guard():
+    """The conv runs on the width rounded up to the vector tile (from a zero-padded input) and cuts back
+    in its epilogue: only the stores of the last tile are guarded, not every multiply-add."""
+    bounds = {"W": SYMBOLIC_RANGE}
+    kernels = _fused_kernels(_conv_bn_relu_model("w"), {"x": (1, 8, 12, "W")}, bounds)
+    (name,) = [n for n in kernels if "conv2d" in n]
+    assert "conv2d_cut" in kernels[name].script()
+    _, scheduled = _first_match(kernels[name], bounds)
+    update = scheduled.split('T.sblock("conv2d_nchw_update")')[1].split("T.sblock(")[0]
+    assert "T.where" not in update
+    assert "T.where" in scheduled  # the epilogue's stores of the last tile
+
+
+def test_extent_bounds_are_evaluated_at_the_symbolic_ranges():
+    from compiler.tvm.schedules.base import extent_bound, planning_bounds
+
+    width = tvm.tirx.Var("W", "int64")
+    with planning_bounds({"W": (48, 800)}):
+        assert extent_bound((width - 5) // 8 + 1) == 100
+        assert extent_bound(tvm.tirx.IntImm("int64", 7)) == 7
+        assert extent_bound(tvm.tirx.Var("H", "int64") + 1) is None  # no range known
+    assert extent_bound(width) is None
