@@ -89,6 +89,20 @@ class AxisSafety(BaseModel):
     """Padding changes the outputs, within the policy's ``approximate`` tolerance."""
 
 
+TAIL_PERIOD = 64
+"""A multiple of every vector tile a dynamic kernel splits an axis into (8 and 16 lanes, two vectors)."""
+
+
+def tail_sizes(low: int, high: int) -> list[int]:
+    """Sizes within ``low..high`` that leave each kind of tail on a symbolic axis's vector tiles: whole
+    tiles (a multiple of 64), one element over, one under, and 7 under (a tile-1 tail on an axis that
+    stride-4 layers shrank: (W - 1) // 4 + 1 = 15 mod 16), around the largest multiple of 64 up to ``high``."""
+    multiple = high // TAIL_PERIOD * TAIL_PERIOD
+    if multiple == 0:
+        return []
+    return [size for size in (multiple - 7, multiple - 1, multiple, multiple + 1) if low <= size <= high]
+
+
 def bucket_label(bucket: Bucket) -> str:
     """Canonical text for a bucket, e.g. ``x=8x3x48x192``."""
     return ",".join(f"{name}={'x'.join(map(str, shape)) or 'scalar'}" for name, shape in sorted(bucket.items()))
@@ -219,10 +233,13 @@ class BucketPlanner:
 
     def verify_sizes(self, bucket: Bucket) -> dict[str, list[int]]:
         """For each symbolic dim of the bucket, the sizes its kernel is verified at: the ends and middle of
-        its range."""
+        its range, and the tails of its vector tiles (:func:`tail_sizes`)."""
         names = {d for shape in bucket.values() for d in shape if isinstance(d, str)}
         policies = {name: self.effective_policy(name) for name in names}
-        return {name: sorted({p.min, (p.min + p.max + 1) // 2, p.max}) for name, p in policies.items()}
+        return {
+            name: sorted({p.min, (p.min + p.max + 1) // 2, p.max, *tail_sizes(p.min, p.max)})
+            for name, p in policies.items()
+        }
 
     def _request_within(self, bucket: Bucket, pick) -> Bucket:
         sizes: dict[str, int] = {}

@@ -36,8 +36,20 @@ class CompileOutcome:
     """Who held the key's lease before this process built it (and ended without a kernel: died or failed)."""
 
 
-def bucket_key(graph_digest: str, bucket: Bucket, *, target: dict, options: CompileOptions) -> str:
-    return artifact_key(graph_digest, bucket, target, tvm_version(), options.key_options())
+def bucket_key(
+    graph_digest: str,
+    bucket: Bucket,
+    *,
+    target: dict,
+    options: CompileOptions,
+    verify_sizes: dict[str, list[int]] | None = None,
+) -> str:
+    """The artifact key. A symbolic bucket's verification sizes are part of it: they bound the range its
+    tiles are planned for and what its verdict holds for."""
+    key_options = options.key_options()
+    if verify_sizes:
+        key_options["verify_sizes"] = {name: sorted(sizes) for name, sizes in sorted(verify_sizes.items())}
+    return artifact_key(graph_digest, bucket, target, tvm_version(), key_options)
 
 
 def _build_in_child(job: BuildJob) -> dict:
@@ -118,7 +130,7 @@ def compile_bucket(
     # A stored kernel needs this version's weights too; a dead peer's preparation taken over counts as
     # a lease takeover of this compile.
     prepared, prepare_taken_from = ensure_prepared(model, store, options)
-    key = bucket_key(model.graph_digest, bucket, target=target, options=options)
+    key = bucket_key(model.graph_digest, bucket, target=target, options=options, verify_sizes=verify_sizes)
     existing = store.get(key)
     if existing is not None:
         return CompileOutcome(existing, True, str(store.library_path(key)))

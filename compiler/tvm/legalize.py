@@ -15,9 +15,10 @@ vectorizes that width: 4 of 16 lanes at width 20, or a computation padded to
 gets whole vector tiles: 384 -> 384 channels at 20x20 ran 2.04 -> 0.51 ms
 with AVX-512 and 3.34 -> 0.92 ms with AVX2 kernels (AMD EPYC Zen 5).
 
-A ``conv2d`` whose output width is symbolic (the dynamic tier) is computed
-on that width rounded up to the vector tile, from an input zero-padded to
-match, and cut back in the epilogue. The contraction then runs whole vector
+A ``conv2d`` whose output width is symbolic (the dynamic tier), or static
+but divisible by no tile that uses most of a vector's lanes (rec's 25 and 50
+at width 100), is computed on that width rounded up to the vector tile, from
+an input zero-padded to match, and cut back in the epilogue. The contraction then runs whole vector
 tiles only; the last tile's guard stays on its stores. Guarded inside the
 accumulation, the last tile ran scalar with its accumulators in memory: 6.2
 against 0.36 ms for a whole 240 -> 240 1x1 conv at width 65 against 64.
@@ -33,6 +34,7 @@ from tvm import relax, te, topi
 from .schedules.base import (
     SymbolicBounds,
     extent_bound,
+    pick_factor,
     planning_bounds,
     symbolic_tile,
     vector_lanes,
@@ -124,37 +126,48 @@ def _flattened_pointwise(call: relax.Call) -> bool:
     return pointwise and (whole_vector_tile(width, lanes) or 0) < (whole_vector_tile(height * width, lanes) or 0)
 
 
-def _symbolic_width_conv(call: relax.Call) -> bool:
-    """An NCHW conv whose output width is symbolic, everything else about it static."""
+def _pads_width(call: relax.Call) -> bool:
+    """An NCHW conv computed better on a width rounded up to whole vectors: a symbolic width (the
+    dynamic tier), or a static one whose whole-vector tiles would use fewer of the lanes (rec's width
+    25 or 50: no tile of 16 lanes divides them)."""
     attrs = call.attrs
     weight_shape = _static_shape(call.args[1])
     data_shape = getattr(call.args[0].ty, "shape", None)
     out_shape = getattr(call.ty, "shape", None)
     if not _on_cpu() or weight_shape is None or data_shape is None or out_shape is None or call.ty.dtype != "float32":
         return False
-    channels = data_shape.values[1]
-    return (
-        attrs.data_layout == "NCHW"
-        and attrs.kernel_layout == "OIHW"
-        and attrs.out_layout == "NCHW"
-        and isinstance(channels, tvm.tirx.IntImm)
-        and not isinstance(out_shape.values[3], tvm.tirx.IntImm)
-        and extent_bound(out_shape.values[3]) is not None
-    )
+    if not (attrs.data_layout == "NCHW" and attrs.kernel_layout == "OIHW" and attrs.out_layout == "NCHW"):
+        return False
+    if not isinstance(data_shape.values[1], tvm.tirx.IntImm):
+        return False
+    width = out_shape.values[3]
+    if not isinstance(width, tvm.tirx.IntImm):
+        return extent_bound(width) is not None
+    lanes = vector_lanes(tvm.target.Target.current(), "float32")
+    width = int(width)
+    if width <= lanes:
+        return False
+    used = min(pick_factor(width, [lanes * 2, lanes, lanes * 4, lanes // 2, lanes // 4]) or 1, lanes)
+    return width / (-(-width // lanes) * lanes) > used / lanes
+
+
+def _dim(value):
+    """A shape value as an int when constant (rules read constant extents as IntImm), else as is."""
+    return int(value) if isinstance(value, tvm.tirx.IntImm) else value
 
 
 def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     out_dtype = call.ty.dtype
-    batch, out_channels, out_height, out_width = call.ty.shape.values
-    _, in_channels, height, width = call.args[0].ty.shape.values
+    batch, out_channels, out_height, out_width = (_dim(d) for d in call.ty.shape.values)
+    _, in_channels, height, width = (_dim(d) for d in call.args[0].ty.shape.values)
     _, group_channels, kernel_h, kernel_w = _static_shape(call.args[1])
     stride_h, stride_w = (int(s) for s in attrs.strides)
     dilation_h, dilation_w = (int(d) for d in attrs.dilation)
     top, left = int(attrs.padding[0]), int(attrs.padding[1])
     per_group = _static_shape(call.args[1])[0] // int(attrs.groups)
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
-    tile = symbolic_tile(extent_bound(out_width), lanes)
+    tile = symbolic_tile(out_width if isinstance(out_width, int) else extent_bound(out_width), lanes)
     padded_width = (out_width + tile - 1) // tile * tile
     in_rows = (out_height - 1) * stride_h + (kernel_h - 1) * dilation_h + 1
     in_columns = (padded_width - 1) * stride_w + (kernel_w - 1) * dilation_w + 1
@@ -196,10 +209,8 @@ def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 
 def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    if _symbolic_width_conv(call):
-        return _padded_width_conv(bb, call)
     if not _flattened_pointwise(call):
-        return _DEFAULT_CONV2D(bb, call)
+        return _padded_width_conv(bb, call) if _pads_width(call) else _DEFAULT_CONV2D(bb, call)
     batch, in_channels, height, width = _static_shape(call.args[0])
     out_channels = _static_shape(call.args[1])[0]
     out_dtype = call.ty.dtype

@@ -7,7 +7,15 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
-from compiler.buckets import AxisPolicy, AxisSafety, BucketPlan, BucketPlanner, bucket_label, pad_inputs
+from compiler.buckets import (
+    AxisPolicy,
+    AxisSafety,
+    BucketPlan,
+    BucketPlanner,
+    bucket_label,
+    pad_inputs,
+    tail_sizes,
+)
 from compiler.engines import OrtEngine
 from compiler.errors import BadRequestError, ShapeOutOfRangeError
 from compiler.signature import Signature, read_signature
@@ -290,9 +298,24 @@ def test_a_dynamic_bucket_pads_only_its_padded_axes(batch_width_planner):
 
 def test_a_dynamic_bucket_is_verified_and_timed_within_its_range(batch_width_planner):
     bucket = {"x": (4, 3, "W")}
-    assert batch_width_planner.verify_sizes(bucket) == {"W": [8, 132, 256]}
+    # the ends, the middle, and the tails of 64: 0, 1 over, 1 and 7 under
+    assert batch_width_planner.verify_sizes(bucket) == {"W": [8, 132, 249, 255, 256]}
     assert batch_width_planner.typical_request(bucket) == {"x": (4, 3, 132)}
     assert batch_width_planner.most_padded_request(bucket) == {"x": (3, 3, 8)}
+
+
+@pytest.mark.parametrize(
+    "low, high, tails",
+    [
+        (48, 800, [761, 767, 768, 769]),
+        (8, 256, [249, 255, 256]),
+        (1, 64, [57, 63, 64]),
+        (60, 100, [63, 64, 65]),
+        (1, 40, []),
+    ],
+)
+def test_tail_sizes_leave_every_remainder_of_the_vector_tiles(low, high, tails):
+    assert tail_sizes(low, high) == tails
 
 
 @pytest.mark.parametrize("fields", [{"min": 64, "max": 8}, {"approximate": 0.1}])
