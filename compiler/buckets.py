@@ -1,9 +1,12 @@
 """Shape buckets: per-axis policies, the request -> bucket mapping, padding.
 
 A request shape maps to one bucket shape. Only axes whose padding-safety
-check passed are padded (see :mod:`compiler.padding`); every other symbolic
-axis is served exactly, one bucket per size, except a ``dynamic`` one: within
-its range the bucket keeps the axis's name, one symbolic kernel for every size.
+check passed are padded (see :mod:`compiler.padding`). A ``dynamic`` axis is
+never padded: within its range the bucket keeps the dim symbolic, one kernel
+for every size, and the dim's name carries the range (``W@257..1024``). An
+axis whose padding would change the outputs gets the dynamic tier by default,
+in ranges of 4x (``DEFAULT_SPAN``); one declared ``exact`` (or one the probe
+could not run on) is served exactly, one bucket per size.
 """
 
 from __future__ import annotations
@@ -23,6 +26,28 @@ if TYPE_CHECKING:
 Bucket = dict[str, tuple[int | str, ...]]
 """Input name -> bucket shape; a dim given as a name stays symbolic (a ``dynamic`` axis)."""
 
+DEFAULT_SPAN = 4
+"""An axis padding would change gets dynamic ranges (4^k, 4^(k+1)]: widths 48..800 are three kernels."""
+
+
+def symbolic_dim(axis: str, low: int, high: int) -> str:
+    """The bucket dim that keeps ``axis`` symbolic for sizes ``low..high``."""
+    return f"{axis}@{low}..{high}"
+
+
+def dim_axis(dim: str) -> str:
+    """The axis a bucket's symbolic dim belongs to."""
+    return dim.split("@", 1)[0]
+
+
+def dim_range(dim: str) -> tuple[int, int] | None:
+    """The sizes a bucket's symbolic dim serves (``None`` for a bare name, which carries none)."""
+    _, sep, sizes = dim.partition("@")
+    low, dots, high = sizes.partition("..")
+    if not sep or not dots or not low.isdigit() or not high.isdigit():
+        return None
+    return int(low), int(high)
+
 
 class AxisPolicy(BaseModel):
     """How one symbolic axis maps request sizes to bucket sizes."""
@@ -31,6 +56,12 @@ class AxisPolicy(BaseModel):
     min: int = Field(1, ge=1, description="pow2: smallest bucket size; dynamic: smallest size of the symbolic kernel")
     max: int = Field(64, ge=1, description="pow2: largest bucket size; dynamic: largest size of the symbolic kernel")
     sizes: list[int] = Field(default_factory=list, description="list: the bucket sizes")
+    span: int | None = Field(
+        None,
+        ge=2,
+        description="dynamic: one kernel per range (span^k, span^(k+1)] within min..max, each compiled when traffic "
+        "first reaches it; none: one kernel for all of min..max",
+    )
     approximate: float | None = Field(
         None,
         gt=0,
@@ -52,10 +83,19 @@ class AxisPolicy(BaseModel):
         return self
 
     def symbolic(self, size: int) -> bool:
-        """A ``dynamic`` axis's size within its range: served by the one symbolic kernel, not a bucket of
-        its own (sizes outside it are served exactly: the kernel is verified only at the range's ends and
-        middle)."""
+        """A ``dynamic`` axis's size within its range: served by a symbolic kernel, not a bucket of its own
+        (sizes outside it are served exactly: a kernel serves only the range it was verified over)."""
         return self.kind == "dynamic" and self.min <= size <= self.max
+
+    def dynamic_range(self, size: int) -> tuple[int, int]:
+        """The range of the symbolic kernel that serves ``size`` (within min..max)."""
+        if self.span is None:
+            return self.min, self.max
+        high = 1
+        while high < size:
+            high *= self.span
+        low = high // self.span + 1 if high > 1 else 1
+        return max(low, self.min), min(high, self.max)
 
     @property
     def largest(self) -> int | None:
@@ -87,6 +127,8 @@ class AxisSafety(BaseModel):
     """The model itself refused the probe shape: nothing was learned about padding."""
     approximate: bool = False
     """Padding changes the outputs, within the policy's ``approximate`` tolerance."""
+    probed: bool = True
+    """False when no probe ran (out of time, or inputs over the limit): unsafe for want of knowing."""
 
 
 TAIL_PERIOD = 64
@@ -124,13 +166,17 @@ class BucketPlan:
     @property
     def padded_axes(self) -> dict[str, int]:
         """Axis -> request size, for every axis the bucket pads."""
-        return {a: n for a, n in self.request_axes.items() if self.bucket_axes[a] not in (n, a)}
+        return {
+            a: n
+            for a, n in self.request_axes.items()
+            if self.bucket_axes[a] != n and isinstance(self.bucket_axes[a], int)
+        }
 
     @property
     def run_shapes(self) -> dict[str, tuple[int, ...]]:
         """The shapes the bucket's kernel runs at: the bucket, with the request's sizes for its symbolic dims."""
         return {
-            name: tuple(self.request_axes[d] if isinstance(d, str) else d for d in shape)
+            name: tuple(self.request_axes[dim_axis(d)] if isinstance(d, str) else d for d in shape)
             for name, shape in self.bucket.items()
         }
 
@@ -150,21 +196,31 @@ class BucketPlanner:
         policies: dict[str, AxisPolicy] | None = None,
         safety: dict[str, AxisSafety] | None = None,
         overflow: Literal["error", "exact"] = "error",
+        pinned: dict[str, set[int]] | None = None,
     ) -> None:
         self.signature = signature
         self.policies = policies or {}
         self.safety = safety or {}
         self.overflow = overflow
+        self.pinned = pinned or {}
+        """Axis -> sizes served by static buckets of their own even where the default dynamic ranges
+        cover them (the warm buckets' sizes: shapes the user asked to be fast, and a static kernel is)."""
 
     def effective_policy(self, axis: str) -> AxisPolicy:
-        """An axis pads only with a policy *and* a passed safety check; a dynamic one never pads."""
+        """An axis pads only with a policy *and* a passed safety check; a dynamic one never pads. A padding
+        policy whose check found that padding changes the outputs becomes dynamic (ranges of
+        ``DEFAULT_SPAN`` up to its largest bucket): a kernel per range instead of one per size."""
         policy = self.policies.get(axis)
         if policy is not None and policy.kind == "dynamic":
             return policy
         check = self.safety.get(axis)
-        if policy is None or check is None or not check.safe:
+        if policy is None or policy.kind == "exact" or check is None:
             return AxisPolicy(kind="exact")
-        return policy
+        if check.safe:
+            return policy
+        if check.probe_failed or not check.probed or policy.largest is None:
+            return AxisPolicy(kind="exact")
+        return AxisPolicy(kind="dynamic", min=1, max=policy.largest, span=DEFAULT_SPAN)
 
     def plan(self, shapes: dict[str, tuple[int, ...]]) -> BucketPlan:
         axis_sizes: dict[str, int] = {}
@@ -194,8 +250,8 @@ class BucketPlanner:
         bucket_axes: dict[str, int | str] = {}
         for axis, size in axis_sizes.items():
             policy = self.effective_policy(axis)
-            if policy.symbolic(size):
-                bucket_axes[axis] = axis
+            if policy.symbolic(size) and not (policy.span and size in self.pinned.get(axis, ())):
+                bucket_axes[axis] = symbolic_dim(axis, *policy.dynamic_range(size))
                 continue
             bucket = policy.bucket_size(size)
             if bucket is None:
@@ -234,12 +290,19 @@ class BucketPlanner:
     def verify_sizes(self, bucket: Bucket) -> dict[str, list[int]]:
         """For each symbolic dim of the bucket, the sizes its kernel is verified at: the ends and middle of
         its range, and the tails of its vector tiles (:func:`tail_sizes`)."""
-        names = {d for shape in bucket.values() for d in shape if isinstance(d, str)}
-        policies = {name: self.effective_policy(name) for name in names}
-        return {
-            name: sorted({p.min, (p.min + p.max + 1) // 2, p.max, *tail_sizes(p.min, p.max)})
-            for name, p in policies.items()
-        }
+        sizes = {}
+        for dim in {d for shape in bucket.values() for d in shape if isinstance(d, str)}:
+            low, high = self._range_of(dim)
+            sizes[dim] = sorted({low, (low + high + 1) // 2, high, *tail_sizes(low, high)})
+        return sizes
+
+    def _range_of(self, dim: str) -> tuple[int, int]:
+        """A symbolic dim's range: its own, else its axis policy's (a bucket given by a bare name)."""
+        found = dim_range(dim)
+        if found is not None:
+            return found
+        policy = self.effective_policy(dim_axis(dim))
+        return policy.min, policy.max
 
     def _request_within(self, bucket: Bucket, pick) -> Bucket:
         sizes: dict[str, int] = {}
@@ -248,7 +311,7 @@ class BucketPlanner:
                 size = bucket[spec.name][index]
                 policy = self.effective_policy(axis)
                 if isinstance(size, str):  # symbolic: no padding, a size from its range
-                    sizes[axis] = pick(policy.min, policy.max)
+                    sizes[axis] = pick(*self._range_of(size))
                     continue
                 lowest = size
                 while lowest > 1 and size - lowest < 4096 and policy.bucket_size(lowest - 1) == size:

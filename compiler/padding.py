@@ -167,7 +167,7 @@ def probe_padding(
                 continue
             if deadline is not None and time.monotonic() > deadline:
                 reason = f"not probed: the padding probe ran out of its {seconds:g} s; served exactly"
-                results.setdefault(axis, AxisSafety(axis=axis, safe=False, reason=reason))
+                results.setdefault(axis, AxisSafety(axis=axis, safe=False, reason=reason, probed=False))
                 continue
             policy = policies[axis]
             if policy.kind == "exact":
@@ -199,7 +199,7 @@ def probe_padding(
     for axis in signature.axes():
         if axis not in results:  # every candidate size was over the input limit
             reason = f"not probed: its probe sizes make inputs over {max_input_bytes} bytes; served exactly"
-            results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
+            results[axis] = AxisSafety(axis=axis, safe=False, reason=reason, probed=False)
     for axis, result in results.items():
         if result.probe_failed:
             refused = sorted(set(tried[axis]))

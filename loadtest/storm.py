@@ -1,15 +1,20 @@
-"""A shape storm against compile admission, on PP-OCR rec (text width exact, batch pow2 1..8).
+"""A shape storm against compile admission, on PP-OCR rec (text width by the default policy, batch pow2 1..8).
 
     .venv/bin/python loadtest/storm.py [--requests 1000] [--storm-clients 1] [--out loadtest/results]
-        [--no-cold-lane] [--compile-min-hits 3] [--compile-nice 10] [--compile-idle]
+        [--no-cold-lane] [--compile-min-hits 3] [--compile-nice 10] [--compile-idle] [--replay 300]
 
 Starts a real jitserve (fresh data dir), uploads PP-OCR rec with its hot shape
 as a warm bucket, then measures the hot shape's latency alone (one client,
 sequential), then again while storm clients send ``--requests`` requests of
-random widths (every width a bucket of its own). Prints and writes
-``storm.json``: the hot shape's p50/p99 before and during the storm and their
-ratio, the storm's errors, distinct shapes and buckets, compile admission's
-decisions, compiles admitted and run, and the CPU it ran on. V2 binary tensors
+random widths (the default policy gives the width, whose padding changes the
+outputs, a symbolic kernel per 4x range; ``--exact-width`` makes every width a
+bucket of its own, as before). Then it waits for the compiles the storm earned
+and sends ``--replay`` more storm widths, counting the engines that answered.
+Prints and writes ``storm.json``: the hot shape's p50/p99 before and during
+the storm and their ratio, the storm's errors, distinct shapes and buckets,
+compile admission's decisions, compiles admitted and run (during the storm and
+in all), each bucket's route and latencies, the share of the replay served by
+a compiled kernel, and the CPU it ran on. V2 binary tensors
 keep the HTTP cost out of the way. ``--compile-min-hits 1`` admits compiles
 during the storm (up to the budget), to measure what compile children at
 ``--compile-nice`` cost the hot shape; ``--no-cold-lane`` runs new shapes
@@ -83,8 +88,31 @@ def metrics(url: str) -> dict[tuple[str, ...], float]:
         for sample in family.samples:
             if sample.name in ("jitserve_compile_admissions_total", "jitserve_compiles_total"):
                 key = (sample.name, sample.labels.get("decision", ""), sample.labels.get("reason", ""))
-                found[key] = found.get(key, 0.0) + sample.value
+            elif sample.name == "jitserve_requests_total":
+                key = (sample.name, sample.labels.get("engine", ""), sample.labels.get("code", ""))
+            else:
+                continue
+            found[key] = found.get(key, 0.0) + sample.value
     return found
+
+
+def settle(url: str, timeout: float) -> None:
+    """Wait until no bucket is admitted or compiling: the compiles the storm earned are done."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {b["state"] for b in httpx.get(f"{url}/models/rec").json()["buckets"]}
+        if not states & {"admitted", "compiling"}:
+            return
+        time.sleep(1)
+
+
+def served_by(before: dict, after: dict) -> dict[str, int]:
+    """Requests answered 200 per engine between two metric snapshots."""
+    engines: dict[str, int] = {}
+    for key, value in after.items():
+        if key[0] == "jitserve_requests_total" and key[2] == "200":
+            engines[key[1]] = engines.get(key[1], 0) + int(value - before.get(key, 0.0))
+    return {engine: count for engine, count in engines.items() if count}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -104,9 +132,12 @@ def run(args: argparse.Namespace) -> dict:
             compile_idle_priority=str(args.compile_idle).lower(),
         )
         try:
+            config = (
+                CONFIG if not args.exact_width else {**CONFIG, "axes": {**CONFIG["axes"], WIDTH: {"kind": "exact"}}}
+            )
             files = {
                 "model": ("rec.onnx", real_model(REC).read_bytes(), "application/octet-stream"),
-                "config": ("config.json", json.dumps(CONFIG), "application/json"),
+                "config": ("config.json", json.dumps(config), "application/json"),
             }
             httpx.put(f"{url}/models/rec", files=files, timeout=600).raise_for_status()
             wait_warm(url, ["rec"], timeout=900)
@@ -135,6 +166,12 @@ def run(args: argparse.Namespace) -> dict:
 
             after = metrics(url)
             described = httpx.get(f"{url}/models/rec").json()
+            # What the storm earned: its compiles done, the same traffic again.
+            settle(url, args.settle_seconds)
+            before_replay = metrics(url)
+            replay = storm(url, widths[: args.replay])
+            replayed = metrics(url)
+            settled = httpx.get(f"{url}/models/rec").json()
         finally:
             process.terminate()
             process.wait(60)
@@ -142,6 +179,8 @@ def run(args: argparse.Namespace) -> dict:
     decisions = {f"{k[1]}/{k[2]}": int(v) for k, v in sorted(after.items()) if k[0].endswith("admissions_total")}
     admitted = sum(v for k, v in decisions.items() if k.startswith("admitted/") and k != "admitted/warm")
     compiles = sum(v for k, v in after.items() if k[0] == "jitserve_compiles_total") - compiles_before
+    compiles_all = sum(v for k, v in replayed.items() if k[0] == "jitserve_compiles_total") - compiles_before
+    engines = served_by(before_replay, replayed)
     summary = {
         "cpu": cpu_line(),
         "hot_shape": "x".join(map(str, HOT)),
@@ -167,6 +206,15 @@ def run(args: argparse.Namespace) -> dict:
         "buckets": len(described["buckets"]),
         "compiles_admitted": admitted,
         "compiles_run_during_storm": int(compiles),
+        "compiles_run_in_all": int(compiles_all),
+        "replay_requests": len(replay),
+        "replay_errors": sum(failed for _, failed in replay),
+        "replay_served_by": engines,
+        "replay_compiled_share": round(1 - engines.get("onnxruntime", 0) / max(1, sum(engines.values())), 3),
+        "buckets_after": [
+            {k: b[k] for k in ("bucket", "state", "engine", "latency_ms", "compile_seconds", "hits")}
+            for b in settled["buckets"]
+        ],
         "admission_decisions": decisions,
         "compile_admission": described["compile_admission"],
     }
@@ -189,6 +237,9 @@ def main() -> int:
     parser.add_argument("--compile-min-hits", type=int, default=3, help="1: every new width earns a compile")
     parser.add_argument("--compile-nice", type=int, default=10, help="niceness of compile children")
     parser.add_argument("--compile-idle", action="store_true", help="compile children in the idle scheduling class")
+    parser.add_argument("--replay", type=int, default=300, help="storm widths sent again once its compiles are done")
+    parser.add_argument("--settle-seconds", type=float, default=600, help="longest wait for the storm's compiles")
+    parser.add_argument("--exact-width", action="store_true", help="every width a bucket of its own (no dynamic tier)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     print(json.dumps(run(args), indent=2))

@@ -207,7 +207,7 @@ class Admission:
         target = self._target(config)
         options = self._options(config)
         policies = {axis: config.policy_for(axis) for axis in model.signature.axes()}
-        planner = BucketPlanner(model.signature, policies, record.safety, config.overflow)
+        planner = BucketPlanner(model.signature, policies, record.safety, config.overflow, _warm_sizes(model, config))
         served = ServedModel(
             record,
             model,
@@ -327,6 +327,18 @@ def check_warm_sizes(served: ServedModel, limit: int) -> None:
     for axis, policy in served.planner.policies.items():
         if policy.kind == "dynamic":
             check_sizes_fit(signature, {axis: policy.max}, limit, f"axes.{axis} dynamic max")
+
+
+def _warm_sizes(model: LoadedModel, config: ModelConfig) -> dict[str, set[int]]:
+    """Axis -> the sizes the warm buckets give it."""
+    sizes: dict[str, set[int]] = {}
+    for shapes in config.warm_buckets:
+        for spec in model.signature.inputs:
+            shape = shapes.get(spec.name, [])
+            for index, axis in spec.symbolic_axes():
+                if index < len(shape):
+                    sizes.setdefault(axis, set()).add(int(shape[index]))
+    return sizes
 
 
 def _probe_sizes(signature, config: ModelConfig) -> dict[str, int]:

@@ -60,7 +60,7 @@ class BucketBuilder:
         """Compile (or find) the tier, record its compile metrics, and check that it verified."""
         name, kind, tier = served.name, target_kind(served.target), options.tier
         started = time.perf_counter()
-        if is_symbolic(bucket.bucket):  # the dynamic-shape tier: verified at the ends and middle of each range
+        if is_symbolic(bucket.bucket):  # the dynamic-shape tier: verified at its range's ends, middle and tails
             extra["verify_sizes"] = served.planner.verify_sizes(bucket.bucket)
         try:
             artifacts = self.kernels.artifacts

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from compiler.buckets import Bucket, BucketPlanner, bucket_label
+from compiler.buckets import Bucket, BucketPlanner, bucket_label, is_symbolic
 from compiler.engines import OrtEngine
 from compiler.errors import NotFoundError
 from compiler.model import LoadedModel
@@ -33,7 +33,7 @@ class ServedModel:
     ort: OrtEngine
     target: dict
     options: CompileOptions
-    key_of: Callable[[Bucket], str]
+    key_of: Callable[..., str]
     buckets: dict[str, ServedBucket] = field(default_factory=dict)
     batcher: DynamicBatcher | None = None
     batching: str | None = None
@@ -63,7 +63,8 @@ class ServedModel:
         with self.lock:
             served = self.buckets.get(label)
             if served is None:
-                served = self.buckets[label] = ServedBucket(label, bucket, self.key_of(bucket))
+                sizes = self.planner.verify_sizes(bucket) if is_symbolic(bucket) else None
+                served = self.buckets[label] = ServedBucket(label, bucket, self.key_of(bucket, verify_sizes=sizes))
             return served
 
     def find_bucket(self, bucket: Bucket) -> ServedBucket | None:

@@ -13,6 +13,8 @@ from compiler.buckets import (
     BucketPlan,
     BucketPlanner,
     bucket_label,
+    dim_axis,
+    dim_range,
     pad_inputs,
     tail_sizes,
 )
@@ -98,10 +100,51 @@ def test_exact_without_a_safety_result(two_input_signature):
     assert plan.padding_waste() == 0.0
 
 
-def test_exact_when_the_safety_check_failed(two_input_signature):
+def test_dynamic_ranges_when_padding_would_change_the_outputs(two_input_signature):
+    """No padding; a symbolic kernel per 4x range of sizes instead of a bucket per size."""
     planner = _planner(two_input_signature, safety=UNSAFE_BATCH)
+    policy = planner.effective_policy("batch")
+    assert (policy.kind, policy.min, policy.max, policy.span) == ("dynamic", 1, 16, 4)  # up to pow2's max
+    plan = planner.plan({"a": (3, 8), "b": (3, 8)})
+    assert plan.bucket == {"a": ("batch@2..4", 8), "b": ("batch@2..4", 8)}
+    assert plan.run_shapes == {"a": (3, 8), "b": (3, 8)}
+    assert plan.padded_axes == {}
+    assert planner.plan({"a": (4, 8), "b": (4, 8)}).bucket == plan.bucket
+    assert planner.plan({"a": (5, 8), "b": (5, 8)}).bucket == {"a": ("batch@5..16", 8), "b": ("batch@5..16", 8)}
+    assert planner.plan({"a": (1, 8), "b": (1, 8)}).bucket == {"a": ("batch@1..1", 8), "b": ("batch@1..1", 8)}
+    assert planner.plan({"a": (17, 8), "b": (17, 8)}).bucket == {"a": (17, 8), "b": (17, 8)}  # beyond: exact
+    assert planner.verify_sizes(plan.bucket) == {"batch@2..4": [2, 3, 4]}
+
+
+def test_a_pinned_size_keeps_a_static_bucket_within_the_default_dynamic_ranges(two_input_signature):
+    """A warm bucket's size is a shape the user asked to be fast: it gets its own static kernel."""
+    planner = BucketPlanner(
+        two_input_signature, {"batch": AxisPolicy(max=16)}, {"batch": UNSAFE_BATCH}, pinned={"batch": {3}}
+    )
+    assert planner.plan({"a": (3, 8), "b": (3, 8)}).bucket == {"a": (3, 8), "b": (3, 8)}
+    assert planner.plan({"a": (4, 8), "b": (4, 8)}).bucket == {"a": ("batch@2..4", 8), "b": ("batch@2..4", 8)}
+
+
+@pytest.mark.parametrize("safety", [AxisSafety(axis="batch", safe=False, reason="t", probe_failed=True), None])
+def test_exact_when_the_probe_could_not_run_or_the_policy_says_so(two_input_signature, safety):
+    planner = _planner(two_input_signature, safety=safety)
+    if safety is None:
+        planner = BucketPlanner(two_input_signature, {"batch": AxisPolicy(kind="exact")}, {"batch": SAFE_BATCH})
     assert planner.effective_policy("batch").kind == "exact"
     assert planner.plan({"a": (3, 8), "b": (3, 8)}).bucket == {"a": (3, 8), "b": (3, 8)}
+
+
+@pytest.mark.parametrize(
+    "size, expected", [(1, (1, 1)), (2, (2, 4)), (48, (17, 64)), (64, (17, 64)), (65, (65, 256)), (800, (257, 1000))]
+)
+def test_dynamic_ranges_of_a_span(size, expected):
+    assert AxisPolicy(kind="dynamic", min=1, max=1000, span=4).dynamic_range(size) == expected
+    assert AxisPolicy(kind="dynamic", min=8, max=1000).dynamic_range(size) == (8, 1000)
+
+
+@pytest.mark.parametrize("dim, axis, sizes", [("W@17..64", "W", (17, 64)), ("W", "W", None), ("a@b", "a", None)])
+def test_a_symbolic_dim_names_its_axis_and_range(dim, axis, sizes):
+    assert (dim_axis(dim), dim_range(dim)) == (axis, sizes)
 
 
 def test_exact_without_a_policy(two_input_signature):
@@ -270,8 +313,8 @@ def batch_width_planner() -> BucketPlanner:
 
 def test_a_dynamic_axis_keeps_its_name_within_its_range(batch_width_planner):
     plan = batch_width_planner.plan({"x": (3, 3, 100)})
-    assert plan.bucket == {"x": (4, 3, "W")}
-    assert bucket_label(plan.bucket) == "x=4x3xW"
+    assert plan.bucket == {"x": (4, 3, "W@8..256")}
+    assert bucket_label(plan.bucket) == "x=4x3xW@8..256"
     assert plan.run_shapes == {"x": (4, 3, 100)}
     assert plan.padded_axes == {"batch": 3}  # W is never padded
     assert plan.padding_waste() == pytest.approx(1 / 4)
@@ -297,9 +340,9 @@ def test_a_dynamic_bucket_pads_only_its_padded_axes(batch_width_planner):
 
 
 def test_a_dynamic_bucket_is_verified_and_timed_within_its_range(batch_width_planner):
-    bucket = {"x": (4, 3, "W")}
+    bucket = {"x": (4, 3, "W@8..256")}
     # the ends, the middle, and the tails of 64: 0, 1 over, 1 and 7 under
-    assert batch_width_planner.verify_sizes(bucket) == {"W": [8, 132, 249, 255, 256]}
+    assert batch_width_planner.verify_sizes(bucket) == {"W@8..256": [8, 132, 249, 255, 256]}
     assert batch_width_planner.typical_request(bucket) == {"x": (4, 3, 132)}
     assert batch_width_planner.most_padded_request(bucket) == {"x": (3, 3, 8)}
 

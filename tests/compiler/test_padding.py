@@ -63,11 +63,15 @@ def test_batch_mixing_model_is_unsafe():
     assert safety.max_abs_error > 1e-3
 
 
-def test_unsafe_result_keeps_the_planner_exact():
+def test_an_unsafe_result_never_pads_the_axis():
+    """Padding would change the outputs: the planner keeps the axis symbolic (the dynamic tier), unpadded."""
     engine, signature = _engine_and_signature(synthetic.batch_mix_model())
     safety = check_axis_padding(engine, signature, "batch", {"batch": 3}, 4)
     planner = BucketPlanner(signature, {"batch": AxisPolicy()}, {"batch": safety})
-    assert planner.plan({"x": (3, 4)}).bucket == {"x": (3, 4)}
+    plan = planner.plan({"x": (3, 4)})
+    assert plan.bucket == {"x": ("batch@2..4", 4)}
+    assert plan.run_shapes == {"x": (3, 4)}
+    assert plan.padded_axes == {}
 
 
 def test_padded_size_must_exceed_the_exact_size():

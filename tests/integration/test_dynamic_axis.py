@@ -1,8 +1,9 @@
 """The dynamic-shape tier on a real server with a real compile: an axis whose
 padding would change the outputs, declared ``dynamic``, is served within its
 range by one symbolic kernel (verified against ONNX Runtime at the range's
-ends and middle, timed against it like every tier); sizes outside the range
-get buckets of their own."""
+ends, middle and vector tails, timed against it like every tier); sizes
+outside the range get buckets of their own. Left to the default policy, such
+an axis gets a symbolic kernel per 4x range of the sizes its traffic shows."""
 
 from __future__ import annotations
 
@@ -38,18 +39,43 @@ def test_one_symbolic_kernel_serves_every_width_of_its_range(tmp_path):
             assert "one symbolic kernel serves 8..256" in axis["padding_safety"]["reason"], axis
 
             first = predict(client, 9)
-            assert (first["bucket"], first["engine"]) == ("x=1x8xW", "onnxruntime")  # served while it compiles
-            bucket = settled_bucket(client, "m", "x=1x8xW")
+            label = "x=1x8xW@8..256"
+            assert (first["bucket"], first["engine"]) == (label, "onnxruntime")  # served while it compiles
+            bucket = settled_bucket(client, "m", label)
             assert bucket["state"] == "ready", bucket
-            assert bucket["shapes"] == {"x": [1, 8, "W"]}
+            assert bucket["shapes"] == {"x": [1, 8, "W@8..256"]}
             assert set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}  # timed against ONNX Runtime
-            for width in (8, 9, 77, 200, 256):  # one bucket, one kernel, no padding
+            for width in (8, 9, 77, 200, 255, 256):  # one bucket, one kernel, no padding
                 body = predict(client, width)
-                assert (body["bucket"], body["engine"]) == ("x=1x8xW", "tvm"), width
+                assert (body["bucket"], body["engine"]) == (label, "tvm"), width
 
-            outside = predict(client, 300)
-            assert outside["bucket"] == "x=1x8x300"
+            for width in (7, 257):  # just outside the range: buckets of their own, never the range's kernel
+                assert predict(client, width)["bucket"] == f"x=1x8x{width}"
             labels = {b["bucket"] for b in client.get("/models/m").json()["buckets"]}
-            assert labels == {"x=1x8xW", "x=1x8x300"}
+            assert labels == {label, "x=1x8x7", "x=1x8x257"}
+    finally:
+        server.stop()
+
+
+def test_by_default_an_axis_padding_would_change_gets_a_kernel_per_range_of_its_traffic(tmp_path):
+    """No config: W fails the padding check, so widths share symbolic kernels by 4x ranges (5..16, 17..64,
+    65..256, 257..1024) instead of a compile per width."""
+    server = ServerProcess(tmp_path / "data", tuning_enabled=False, routing="compiled").start()
+    try:
+        with server.client() as client:
+            assert upload(client, "m", MODEL).status_code == 201
+            axis = client.get("/models/m").json()["axes"]["W"]
+            assert (axis["effective_policy"], axis["padding_safety"]["safe"]) == ("dynamic", False), axis
+            ranges = {"5..16": [9, 16, 11], "17..64": [40, 64], "65..256": [65, 100, 255, 201], "257..1024": [300]}
+            expected = {width: f"x=1x8xW@{span}" for span, widths in ranges.items() for width in widths}
+            for width in (9, 16, 40, 64, 65, 100, 255, 300):  # the storm: four compiles, one per range
+                assert predict(client, width)["bucket"] == expected[width]
+            for label in set(expected.values()):
+                assert settled_bucket(client, "m", label)["state"] == "ready"
+            for width, label in expected.items():  # 11 and 201 too: sizes no request had before
+                body = predict(client, width)
+                assert (body["bucket"], body["engine"]) == (label, "tvm"), width
+            labels = {b["bucket"] for b in client.get("/models/m").json()["buckets"]}
+            assert labels == set(expected.values())
     finally:
         server.stop()

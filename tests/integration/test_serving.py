@@ -83,7 +83,7 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
             assert axes["x:0"]["padding_safety"]["safe"] is True
             assert axes["x:0"]["effective_policy"] == "pow2"
             assert axes["x:3"]["padding_safety"]["safe"] is False  # global pooling sees the padding
-            assert axes["x:3"]["effective_policy"] == "exact"
+            assert axes["x:3"]["effective_policy"] == "dynamic"  # its warm width 192 keeps a static kernel
 
             wait_ready(client, "cls", "x=1x3x48x192")
             engines = {}

@@ -1,0 +1,79 @@
+"""The dynamic tier against static kernels: one symbolic kernel for a width range, per-width kernels, ONNX Runtime.
+
+    .venv/bin/python loadtest/dynamic_bench.py [--widths 100 320 640] [--range 48 800] [--runs 20]
+
+Compiles PP-OCRv4 rec (batch 1, height 48) once with its width symbolic over
+``--range`` (verified as the server verifies a dynamic bucket) and once per
+width in ``--widths`` (static), then times every engine at each width in this
+one process (median of ``--runs``) and prints a Markdown table with the
+dynamic kernel's ratio to the static one and to ONNX Runtime, under a line
+naming the CPU and its vector ISA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from compiler.buckets import AxisPolicy, BucketPlanner, symbolic_dim
+from compiler.build import compile_bucket, open_kernel
+from compiler.engines import OrtEngine
+from compiler.model import load_model_file
+from compiler.store import ArtifactStore
+from compiler.target import resolve_target
+from loadtest.bench_table import cpu_name
+from tests.realmodels import REC, rapidocr_model
+
+
+def median_ms(engine, inputs: dict, runs: int) -> float:
+    engine.run(inputs)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        engine.run(inputs)
+        times.append((time.perf_counter() - started) * 1000)
+    return float(np.median(times))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--widths", type=int, nargs="+", default=[100, 320, 640])
+    parser.add_argument("--range", type=int, nargs=2, default=[48, 800], metavar=("MIN", "MAX"))
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    low, high = args.range
+    model = load_model_file(str(rapidocr_model(REC)), max_bytes=1 << 30)
+    target = resolve_target("llvm")
+    width_axis = model.signature.inputs[0].dims[3]
+    planner = BucketPlanner(model.signature, {width_axis: AxisPolicy(kind="dynamic", min=low, max=high)})
+    bucket = {"x": (1, 3, 48, symbolic_dim(width_axis, low, high))}
+    ort = OrtEngine(model.data)
+    with tempfile.TemporaryDirectory() as directory:
+        store = ArtifactStore(Path(directory))
+        outcome = compile_bucket(model, bucket, target, store, verify_sizes=planner.verify_sizes(bucket))
+        if not outcome.manifest.verified:
+            raise SystemExit(f"the dynamic kernel failed verification: {outcome.manifest.verification}")
+        dynamic = open_kernel(model, outcome, store)
+        print(f"{cpu_name()}; dynamic kernel for W {low}..{high}: {outcome.manifest.compile_seconds:.1f} s")
+        print("| W | ORT ms | static ms | static compile s | dynamic ms | dynamic / static | dynamic / ORT |")
+        print("|---|---|---|---|---|---|---|")
+        for width in args.widths:
+            static_outcome = compile_bucket(model, {"x": (1, 3, 48, width)}, target, store)
+            static = open_kernel(model, static_outcome, store)
+            x = {"x": np.random.default_rng(width).standard_normal((1, 3, 48, width), dtype=np.float32)}
+            ort_ms, static_ms, dynamic_ms = (median_ms(e, x, args.runs) for e in (ort, static, dynamic))
+            cells = [width, f"{ort_ms:.2f}", f"{static_ms:.2f}", f"{static_outcome.manifest.compile_seconds:.1f}"]
+            cells += [f"{dynamic_ms:.2f}", f"**{dynamic_ms / static_ms:.2f}**", f"{dynamic_ms / ort_ms:.2f}"]
+            print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
