@@ -8,8 +8,10 @@ as a warm bucket, then measures the hot shape's latency alone (one client,
 sequential), then again while storm clients send ``--requests`` requests of
 random widths (the default policy gives the width, whose padding changes the
 outputs, a symbolic kernel per 4x range; ``--exact-width`` makes every width a
-bucket of its own, as before). Then it waits for the compiles the storm earned
-and sends ``--replay`` more storm widths, counting the engines that answered.
+bucket of its own, as before). Then it waits for the storm to pass (compile
+admission defers compiles while it lasts), sends ``--replay`` storm widths to
+earn the compiles, waits for them, and sends the same widths again, counting
+the engines that answered.
 Prints and writes ``storm.json``: the hot shape's p50/p99 before and during
 the storm and their ratio, the storm's errors, distinct shapes and buckets,
 compile admission's decisions, compiles admitted and run (during the storm and
@@ -96,6 +98,14 @@ def metrics(url: str) -> dict[tuple[str, ...], float]:
     return found
 
 
+def storm_over(url: str, timeout: float) -> float:
+    """Wait until compile admission no longer sees a shape storm; the seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout and httpx.get(f"{url}/models/rec").json()["compile_admission"]["storm"]:
+        time.sleep(1)
+    return time.monotonic() - started
+
+
 def settle(url: str, timeout: float) -> None:
     """Wait until no bucket is admitted or compiling: the compiles the storm earned are done."""
     deadline = time.monotonic() + timeout
@@ -166,7 +176,10 @@ def run(args: argparse.Namespace) -> dict:
 
             after = metrics(url)
             described = httpx.get(f"{url}/models/rec").json()
-            # What the storm earned: its compiles done, the same traffic again.
+            # What the storm earned: once it has passed (admission defers compiles during a storm), the
+            # same traffic again, its compiles done, then the replay that is counted.
+            storm_tail = storm_over(url, args.settle_seconds)
+            storm(url, widths[: args.replay])
             settle(url, args.settle_seconds)
             before_replay = metrics(url)
             replay = storm(url, widths[: args.replay])
@@ -207,6 +220,7 @@ def run(args: argparse.Namespace) -> dict:
         "compiles_admitted": admitted,
         "compiles_run_during_storm": int(compiles),
         "compiles_run_in_all": int(compiles_all),
+        "storm_state_seconds_after": round(storm_tail, 1),
         "replay_requests": len(replay),
         "replay_errors": sum(failed for _, failed in replay),
         "replay_served_by": engines,

@@ -85,8 +85,9 @@ class Settings(CompileSettings):
     """Compiles admitted over all models within one window (kernels already stored reload for free)."""
 
     storm_new_buckets: int = Field(32, ge=1)
-    """New buckets one model may see within one window; past it the model is in a shape storm: no new
-    compiles are admitted for it until the rate falls, and ONNX Runtime serves every new shape."""
+    """New shapes (new buckets, and new sizes of a dynamic bucket) one model may see within one window;
+    past it the model is in a shape storm: no new compiles are admitted for it until the rate falls, and
+    ONNX Runtime serves its cold buckets on the cold lane."""
 
     compile_retries: int = Field(2, ge=0)
     """Times a compile is tried again after it failed for a reason that may pass (its child was killed by

@@ -5,8 +5,10 @@ Every request to a ``cold`` bucket (ONNX Runtime serves it) asks
 queue, or says why not:
 
 - ``below_threshold``: fewer than ``compile_min_hits`` hits within the window;
-- ``storm``: the model saw more than ``storm_new_buckets`` new buckets within
-  the window: new shapes arrive faster than compiles could pay off;
+- ``storm``: the model saw more than ``storm_new_buckets`` new shapes (new
+  buckets, or new sizes of a symbolic bucket) within the window: new shapes
+  arrive faster than compiles could pay off, or would take the cores from
+  established traffic while it lasts;
 - ``cap``: the model has ``max_compiled_buckets`` buckets compiled or on the
   way, none of them half as hot as this one (a bucket twice as hot as the
   coldest evicts it);
@@ -66,25 +68,34 @@ class CompileAdmission:
     def record_hit(self, bucket: ServedBucket) -> None:
         bucket.record_hit(window=self.window)
 
-    def established(self, bucket: ServedBucket | None) -> bool:
+    def established(self, served: ServedModel, bucket: ServedBucket | None) -> bool:
         """Traffic that has earned its place: a warm bucket, one past ``cold``, or one with the hits a
-        compile needs within the window (a storm may still refuse it the compile). None: a new shape."""
+        compile needs within the window, unless the model is in a shape storm (its cold buckets are the
+        storm's, however hot: a symbolic bucket gathers a width storm). None: a new shape."""
         if bucket is None:
             return False
         if bucket.warm or bucket.state is not BucketState.COLD:
             return True
-        return bucket.hits_within(self.window, time.monotonic(), self.settings.compile_min_hits)
+        now = time.monotonic()
+        if not bucket.hits_within(self.window, now, self.settings.compile_min_hits):
+            return False
+        with self._lock:
+            return not self._storm(served, now)[1]
 
-    def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
-        """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
+    def consider(self, served: ServedModel, bucket: ServedBucket, sizes: tuple | None = None) -> None:
+        """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not.
+        ``sizes``: the request's sizes of a symbolic bucket's dims (a new one counts as a new shape)."""
         if not self.scheduler.enabled or served.retired:
             return
         now = time.monotonic()
         with self._lock:
             if bucket.state is not BucketState.COLD:
                 return
+            first_size = sizes is not None and bucket.first_time_size(sizes)
             if bucket.first_seen is None:
                 bucket.first_seen = now
+                self._note_new_bucket(served, now)
+            elif first_size:
                 self._note_new_bucket(served, now)
             decision, reason, why = self._decide(served, bucket, now)
             if decision == "admitted" and reason != "restored":

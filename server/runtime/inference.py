@@ -170,7 +170,7 @@ class Inference:
         threads."""
         if self.cold_pool is None or job.plan is None:
             return self.pool
-        if self.admission.established(job.served.find_bucket(job.plan.bucket)):
+        if self.admission.established(job.served, job.served.find_bucket(job.plan.bucket)):
             return self.pool
         self.metrics.record_cold_lane(model=job.served.name)
         return self.cold_pool
@@ -259,7 +259,7 @@ class Inference:
         else:
             bucket = bucket or served.bucket_for(plan.bucket)
             self.admission.record_hit(bucket)
-            label, kernel = bucket.label, self._kernel_for(served, bucket)
+            label, kernel = bucket.label, self._kernel_for(served, bucket, plan)
         if bucket is not None:
             bucket.begin_run()
         inference_ms = None
@@ -283,10 +283,11 @@ class Inference:
         model = name if isinstance(name, str) and self.registry.find(name) is not None else ""
         self.metrics.record_request(model=model, engine="none", code=error.http_status)
 
-    def _kernel_for(self, served: ServedModel, bucket: ServedBucket) -> Engine | None:
+    def _kernel_for(self, served: ServedModel, bucket: ServedBucket, plan: BucketPlan) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""
         if bucket.state is BucketState.COLD:
-            self.admission.consider(served, bucket)
+            symbolic = {a: n for a, n in plan.request_axes.items() if isinstance(plan.bucket_axes[a], str)}
+            self.admission.consider(served, bucket, tuple(sorted(symbolic.items())) if symbolic else None)
             if bucket.state is not BucketState.READY:
                 self.metrics.record_cache_lookup(model=served.name, hit=False)
                 return None

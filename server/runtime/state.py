@@ -74,6 +74,8 @@ RUN_AVERAGE_WEIGHT = 0.2
 """Weight of the newest run in a bucket's moving average of run times."""
 RUNS_TO_TELL = 8
 RECENT_HITS_KEPT = 64
+MAX_SIZES_SEEN = 4096
+"""Distinct request sizes a symbolic bucket remembers (a storm counts each once)."""
 """Times of a bucket's latest hits kept: enough for any compile admission threshold."""
 
 
@@ -112,9 +114,19 @@ class ServedBucket:
         self._heat_window = 60.0
         self.first_seen: float | None = None
         """When compile admission first considered it (monotonic seconds); None before."""
+        self._sizes_seen: set[tuple] = set()
         self._runs = 0
         self._run_ms = 0.0
         self._lock = threading.Lock()
+
+    def first_time_size(self, sizes: tuple) -> bool:
+        """Whether a symbolic bucket has not had a request of these sizes before (each is a new shape to
+        a storm count, though no new compile). Counts up to ``MAX_SIZES_SEEN`` sizes."""
+        with self._lock:
+            if sizes in self._sizes_seen or len(self._sizes_seen) >= MAX_SIZES_SEEN:
+                return False
+            self._sizes_seen.add(sizes)
+            return True
 
     # -- transitions -----------------------------------------------------
 

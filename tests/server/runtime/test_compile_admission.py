@@ -185,3 +185,25 @@ def test_the_storm_gauge_falls_when_the_window_passes(start, compiler):
     assert gauge() == 1
     time.sleep(0.4)  # no request since: only the window moved
     assert gauge() == 0
+
+
+def test_new_sizes_of_a_symbolic_bucket_make_a_storm_that_defers_its_compile(tmp_path, compiler):
+    """A width storm lands in one dynamic bucket: its sizes still count as new shapes, so compile
+    admission waits for the storm to pass and the storm's requests stay off the established lane."""
+    service = make_service(
+        tmp_path, compiler, FakeKernels(DEMO), routing="compiled", compile_min_hits=6, storm_new_buckets=3
+    )
+    try:
+        service.register("m", DEMO, {"axes": {"batch": {"kind": "dynamic", "min": 1, "max": 64}}})
+        for n in (1, 2, 2, 3, 4, 5, 5):  # five sizes, one bucket
+            assert hit(service, n) == "onnxruntime"
+        (bucket,) = service.describe("m")["buckets"]
+        assert bucket["bucket"] == "x=batch@1..64x4"
+        assert bucket["reason"].startswith("cold: shape storm, 5 new buckets within 60 s"), bucket
+        admission = service.describe("m")["compile_admission"]
+        assert (admission["storm"], admission["new_buckets_in_window"]) == (True, 5)
+        served = service.registry.find("m")
+        assert not service.compile_admission.established(served, served.all_buckets()[0])
+        assert compiler.total == 0
+    finally:
+        service.close()
