@@ -19,6 +19,13 @@ queue, or says why not:
 Warm buckets (asked for at upload) skip every check; a bucket whose route an
 earlier process measured skips the threshold and the budget (it reloads its
 kernel, nothing compiles). The queue runs the busiest bucket first.
+
+A dynamic bucket gathers a width storm into one bucket that earns its compile
+within the storm's first requests. Its new sizes count as new shapes in every
+state, and its compile is held in the queue for ``SETTLE_SECONDS`` after its
+first request and for as long as its model is in a storm: the storm's compile
+waits for the storm to pass instead of taking the cores from established
+traffic while it lasts.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import threading
 import time
 from collections import deque
 
+from compiler.buckets import is_symbolic
 from compiler.store import ArtifactStore
 
 from ..settings import Settings
@@ -38,6 +46,10 @@ from .scheduler import CompileScheduler
 from .state import BucketState, ServedBucket
 
 log = logging.getLogger("jitserve")
+
+SETTLE_SECONDS = 2.0
+"""A dynamic bucket's compile waits this long after its first request: a width storm shows by then
+(more than ``storm_new_buckets`` new sizes) and holds the compile until it passes."""
 
 HOLDS_A_SLOT = (BucketState.ADMITTED, BucketState.COMPILING, BucketState.READY)
 EVICTION_MARGIN = 2.0
@@ -69,33 +81,50 @@ class CompileAdmission:
         bucket.record_hit(window=self.window)
 
     def established(self, served: ServedModel, bucket: ServedBucket | None) -> bool:
-        """Traffic that has earned its place: a warm bucket, one past ``cold``, or one with the hits a
-        compile needs within the window, unless the model is in a shape storm (its cold buckets are the
-        storm's, however hot: a symbolic bucket gathers a width storm). None: a new shape."""
+        """Traffic that has earned its place: a warm bucket, one with its kernel, or one on its way to
+        a compile or with the hits a compile needs within the window, unless the model is in a shape
+        storm (its buckets without a kernel are the storm's, however hot: a dynamic bucket gathers a
+        width storm). None: a new shape."""
         if bucket is None:
             return False
-        if bucket.warm or bucket.state is not BucketState.COLD:
+        if bucket.warm or bucket.state is BucketState.READY:
             return True
         now = time.monotonic()
-        if not bucket.hits_within(self.window, now, self.settings.compile_min_hits):
+        if bucket.state is BucketState.COLD and not bucket.hits_within(
+            self.window, now, self.settings.compile_min_hits
+        ):
             return False
         with self._lock:
             return not self._storm(served, now)[1]
 
-    def consider(self, served: ServedModel, bucket: ServedBucket, sizes: tuple | None = None) -> None:
-        """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not.
-        ``sizes``: the request's sizes of a symbolic bucket's dims (a new one counts as a new shape)."""
+    def note_sizes(self, served: ServedModel, bucket: ServedBucket, sizes: tuple) -> None:
+        """A request's sizes of a dynamic bucket's symbolic dims: sizes it has not had before are new shapes
+        (the first request's are the new bucket itself)."""
+        if bucket.first_time_size(sizes) and bucket.first_seen is not None:
+            with self._lock:
+                self._note_new_bucket(served, time.monotonic())
+
+    def holds(self, served: ServedModel, bucket: ServedBucket) -> bool:
+        """Whether a queued compile waits: a dynamic bucket's, until ``SETTLE_SECONDS`` after its first
+        request (a storm shows by then) and while its model is in a storm."""
+        if bucket.warm or not is_symbolic(bucket.bucket):
+            return False
+        now = time.monotonic()
+        if bucket.first_seen is not None and now - bucket.first_seen < SETTLE_SECONDS:
+            return True
+        with self._lock:
+            return self._storm(served, now)[1]
+
+    def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
+        """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
         if not self.scheduler.enabled or served.retired:
             return
         now = time.monotonic()
         with self._lock:
             if bucket.state is not BucketState.COLD:
                 return
-            first_size = sizes is not None and bucket.first_time_size(sizes)
             if bucket.first_seen is None:
                 bucket.first_seen = now
-                self._note_new_bucket(served, now)
-            elif first_size:
                 self._note_new_bucket(served, now)
             decision, reason, why = self._decide(served, bucket, now)
             if decision == "admitted" and reason != "restored":

@@ -285,9 +285,12 @@ class Inference:
 
     def _kernel_for(self, served: ServedModel, bucket: ServedBucket, plan: BucketPlan) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""
+        # Before admission counts the bucket itself: a dynamic bucket's first sizes are not a second new shape.
+        sizes = tuple(sorted((a, n) for a, n in plan.request_axes.items() if isinstance(plan.bucket_axes[a], str)))
+        if sizes:
+            self.admission.note_sizes(served, bucket, sizes)
         if bucket.state is BucketState.COLD:
-            symbolic = {a: n for a, n in plan.request_axes.items() if isinstance(plan.bucket_axes[a], str)}
-            self.admission.consider(served, bucket, tuple(sorted(symbolic.items())) if symbolic else None)
+            self.admission.consider(served, bucket)
             if bucket.state is not BucketState.READY:
                 self.metrics.record_cache_lookup(model=served.name, hit=False)
                 return None

@@ -1,6 +1,8 @@
 """The compile queue: bounded, single-flight per bucket, drained by worker
 threads that each run one compile child at a time, the busiest bucket first
-(warm buckets before any: they were asked for)."""
+(warm buckets before any: they were asked for). A queued compile that
+``hold`` names waits in the queue (compile admission holds a dynamic bucket's
+compile while its model is in a shape storm)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from .state import BucketState, ServedBucket
 
 log = logging.getLogger("jitserve")
 
+HOLD_RECHECK_SECONDS = 1.0
+"""How often a worker looks again at compiles held in the queue."""
+
 Job = tuple[ServedModel, ServedBucket]
 
 
@@ -34,6 +39,8 @@ class CompileScheduler:
         self._closed = False
         self._changed = threading.Condition()
         self._threads: list[threading.Thread] = []
+        self.hold: Callable[[ServedModel, ServedBucket], bool] = lambda _served, _bucket: False
+        """Whether a queued compile must wait for now."""
 
     @property
     def enabled(self) -> bool:
@@ -107,12 +114,15 @@ class CompileScheduler:
     def _take(self) -> Job | None:
         """The next compile: warm buckets first, then the one with the most recent traffic."""
         with self._changed:
-            while not self._queued and not self._closed:
-                self._changed.wait()
+            while not self._closed:
+                ready = [job for job in self._queued if not self.hold(*job)]
+                if ready:
+                    break
+                self._changed.wait(HOLD_RECHECK_SECONDS if self._queued else None)
             if self._closed:
                 return None
             now = time.monotonic()
-            job = max(self._queued, key=lambda job: (job[1].warm, job[1].heat(now)))
+            job = max(ready, key=lambda job: (job[1].warm, job[1].heat(now)))
             self._queued.remove(job)
             self._running += 1
             return job

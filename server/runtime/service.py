@@ -81,6 +81,7 @@ class ModelService:
             settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
         )
         self.compile_admission = CompileAdmission(settings, metrics, self.scheduler, self.router, self.artifacts)
+        self.scheduler.hold = self.compile_admission.holds
         metrics.before_scrape(lambda: self.compile_admission.refresh_storm_gauges(self.registry.all()))
         self.inference = Inference(
             self.registry,

@@ -41,8 +41,10 @@ class FakeCompiler:
         self.gate.set()
         self.started = threading.Event()
 
-    def __call__(self, model, bucket, target, store: ArtifactStore, options, *, progress_path=None) -> CompileOutcome:
-        key = bucket_key(model.graph_digest, bucket, target=target, options=options)
+    def __call__(
+        self, model, bucket, target, store: ArtifactStore, options, *, progress_path=None, verify_sizes=None
+    ) -> CompileOutcome:
+        key = bucket_key(model.graph_digest, bucket, target=target, options=options, verify_sizes=verify_sizes)
         existing = store.get(key)
         if existing is not None:
             return CompileOutcome(existing, True, str(store.library_path(key)))

@@ -207,3 +207,36 @@ def test_new_sizes_of_a_symbolic_bucket_make_a_storm_that_defers_its_compile(tmp
         assert compiler.total == 0
     finally:
         service.close()
+
+
+def test_a_dynamic_buckets_compile_waits_out_its_settle_time_and_the_storm(tmp_path, compiler):
+    """Admitted at its first request, the dynamic bucket's compile is held: first for the settle time (a
+    storm shows by then), then for as long as its new sizes keep the model in a storm. Meanwhile its
+    requests are not established traffic."""
+    service = make_service(
+        tmp_path,
+        compiler,
+        FakeKernels(DEMO),
+        routing="compiled",
+        compile_min_hits=1,
+        storm_new_buckets=3,
+        compile_hit_window_seconds=3.0,
+    )
+    try:
+        service.register("m", DEMO, {"axes": {"batch": {"kind": "dynamic", "min": 1, "max": 64}}})
+        started = time.monotonic()
+        for n in range(1, 9):  # eight sizes of one bucket within a second: a storm
+            assert hit(service, n) == "onnxruntime"
+        (bucket,) = service.describe("m")["buckets"]
+        assert bucket["state"] == "admitted", bucket
+        assert service.describe("m")["compile_admission"]["storm"] is True
+        served = service.registry.find("m")
+        assert not service.compile_admission.established(served, served.all_buckets()[0])
+        time.sleep(2.5)  # past the settle time, still within the storm's window
+        assert compiler.total == 0
+        wait_until(lambda: buckets(service)["x=batch@1..64x4"]["state"] == "ready", timeout=15)
+        assert time.monotonic() - started >= 3.0  # not before the storm's window had passed
+        assert compiler.total == 1
+        assert hit(service, 9) == "tvm"
+    finally:
+        service.close()
