@@ -86,8 +86,9 @@ class Settings(CompileSettings):
 
     storm_new_buckets: int = Field(32, ge=1)
     """New shapes (new buckets, and new sizes of a dynamic bucket) one model may see within one window;
-    past it the model is in a shape storm: no new compiles are admitted for it until the rate falls, and
-    ONNX Runtime serves its cold buckets on the cold lane."""
+    past it the model is in a shape storm: no new compiles are admitted for it until the rate falls (a
+    dynamic bucket's admitted compile waits in the queue too), and ONNX Runtime serves its buckets without
+    a kernel on the cold lane."""
 
     compile_retries: int = Field(2, ge=0)
     """Times a compile is tried again after it failed for a reason that may pass (its child was killed by

@@ -29,6 +29,10 @@ log = logging.getLogger("jitserve")
 CompileFunction = Callable[..., CompileOutcome]
 
 
+DYNAMIC_TIER = "tvm-dynamic"
+"""The ``tier`` label of a dynamic bucket's compiles (one symbolic kernel per size range)."""
+
+
 @dataclass(frozen=True)
 class TierBuild:
     """The result of one build step: a verified outcome, or why the tier cannot serve."""
@@ -62,6 +66,7 @@ class BucketBuilder:
         started = time.perf_counter()
         if is_symbolic(bucket.bucket):  # the dynamic-shape tier: verified at its range's ends, middle and tails
             extra["verify_sizes"] = served.planner.verify_sizes(bucket.bucket)
+            tier = DYNAMIC_TIER
         try:
             artifacts = self.kernels.artifacts
             outcome = self._compile(served.model, bucket.bucket, served.target, artifacts, options, **extra)

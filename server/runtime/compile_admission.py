@@ -112,8 +112,9 @@ class CompileAdmission:
         now = time.monotonic()
         if bucket.first_seen is not None and now - bucket.first_seen < SETTLE_SECONDS:
             return True
-        with self._lock:
-            return self._storm(served, now)[1]
+        # Without the lock: the scheduler asks under its own, and consider() takes them the other way round.
+        recent = sum(1 for seen in tuple(served.new_buckets) if now - seen <= self.window)
+        return recent > self.settings.storm_new_buckets
 
     def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from compiler.arrays import contiguous
-from compiler.buckets import BucketPlan, bucket_label, pad_inputs
+from compiler.buckets import BucketPlan, bucket_label, is_symbolic, pad_inputs
 from compiler.engines import Engine
 from compiler.errors import JitServeError, UnavailableError
 
@@ -46,6 +46,8 @@ class Prediction:
     engine: str
     bucket: str
     inference_ms: float
+    dynamic: bool = False
+    """Served by a bucket of the dynamic tier (by its symbolic kernel, or by ONNX Runtime until it has one)."""
     """The engine's share of the request (pad, run, cut back), in milliseconds."""
 
     @property
@@ -91,6 +93,8 @@ class Run:
     engine: str
     bucket: str
     inference_ms: float
+    dynamic: bool = False
+    """Served by a bucket of the dynamic tier (by its symbolic kernel, or by ONNX Runtime until it has one)."""
 
 
 class Inference:
@@ -235,7 +239,11 @@ class Inference:
     def _answer(self, job: Job, outputs: dict[str, np.ndarray], run: Run) -> Prediction:
         served = job.served
         self.metrics.record_request(
-            model=served.name, engine=run.engine, code=200, seconds=time.perf_counter() - job.started
+            model=served.name,
+            engine=run.engine,
+            code=200,
+            seconds=time.perf_counter() - job.started,
+            dynamic=run.dynamic,
         )
         return Prediction(
             model=served.name,
@@ -276,7 +284,7 @@ class Inference:
         finally:
             if bucket is not None:
                 bucket.observe_run(inference_ms)
-        return Run(outputs, engine, label, inference_ms)
+        return Run(outputs, engine, label, inference_ms, dynamic=bucket is not None and is_symbolic(bucket.bucket))
 
     def reject(self, name: str | None, error: JitServeError) -> None:
         """Count a request refused before it ran; only registered names become labels."""

@@ -152,6 +152,12 @@ class Metrics:
             ["model", "engine", "code"],
             registry=r,
         )
+        self.dynamic_requests = Counter(
+            "jitserve_dynamic_requests_total",
+            "Prediction requests to buckets of the dynamic tier (a symbolic kernel per size range), by engine.",
+            ["model", "engine"],
+            registry=r,
+        )
         self.request_duration = Histogram(
             "jitserve_request_duration_seconds",
             "Prediction latency inside the server, by engine.",
@@ -235,8 +241,12 @@ class Metrics:
     def set_queue_depth(self, *, depth: int) -> None:
         self.queue_depth.set(depth)
 
-    def record_request(self, *, model: str, engine: str, code: int, seconds: float | None = None) -> None:
+    def record_request(
+        self, *, model: str, engine: str, code: int, seconds: float | None = None, dynamic: bool = False
+    ) -> None:
         self.requests.labels(model, engine, str(code)).inc()
+        if dynamic:
+            self.dynamic_requests.labels(model, engine).inc()
         if seconds is not None:
             self.request_duration.labels(model, engine).observe(seconds)
 

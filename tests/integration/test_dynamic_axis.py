@@ -11,7 +11,7 @@ import numpy as np
 
 from compiler.engines import OrtEngine
 from tests import synthetic
-from tests.integration.serverproc import ServerProcess
+from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import settled_bucket, upload
 
 MODEL = synthetic.mean_mix_model(weight=1.0)  # y = x + mean(x over W): padding W changes every output
@@ -53,6 +53,10 @@ def test_one_symbolic_kernel_serves_every_width_of_its_range(tmp_path):
                 assert predict(client, width)["bucket"] == f"x=1x8x{width}"
             labels = {b["bucket"] for b in client.get("/models/m").json()["buckets"]}
             assert labels == {label, "x=1x8x7", "x=1x8x257"}
+            text = client.get("/metrics").text
+            assert metric_value(text, "jitserve_compiles_total", model="m", tier="tvm-dynamic", outcome="ok") == 1
+            assert metric_value(text, "jitserve_dynamic_requests_total", model="m", engine="onnxruntime") == 1
+            assert metric_value(text, "jitserve_dynamic_requests_total", model="m", engine="tvm") == 6
     finally:
         server.stop()
 

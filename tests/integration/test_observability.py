@@ -25,6 +25,7 @@ import yaml
 
 from compiler.demo import demo_model_bytes
 from server.runtime.metrics import Metrics
+from tests import synthetic
 from tests.integration.serverproc import (
     REPO,
     ServerProcess,
@@ -205,6 +206,15 @@ def ask(client, model: str, n: int, expect: int = 200) -> dict:
     return response.json()
 
 
+def ask_width(client, width: int) -> dict:
+    """A request to ``widths``, whose W axis padding would change: served by its dynamic tier."""
+    x = np.linspace(-1, 1, 8 * width, dtype=np.float32).reshape(1, 8, width)
+    response = client.post("/models/widths/predict", json={"inputs": {"x": x.tolist()}})
+    assert response.status_code == 200, response.text
+    assert "@" in response.json()["bucket"], response.json()  # a symbolic bucket
+    return response.json()
+
+
 def errors(client) -> None:
     assert client.post("/models/clf/predict", json={"inputs": {"y": [[1.0] * 4]}}).status_code == 400
     assert client.post("/predict", json={"model": "nope", "inputs": {"x": [[1.0] * 4]}}).status_code == 404
@@ -236,6 +246,9 @@ def generate_load(client) -> None:
     errors(client)
     assert upload(client, "batched", variant(clf, "batched"), BATCHED_CONFIG).status_code == 201
     ask(client, "batched", 2)
+    assert upload(client, "widths", synthetic.mean_mix_model(weight=1.0)).status_code == 201
+    for width in (20, 30):
+        ask_width(client, width)
 
     replaced = upload(client, "clf", new_graph_variant(clf, "v2"), CLF_CONFIG, replace="true")
     assert replaced.status_code == 201 and replaced.json()["version"] == 2, replaced.text
@@ -249,6 +262,7 @@ def generate_load(client) -> None:
         for n in CLF_BUCKETS:
             ask(client, "clf", n)
         ask(client, "batched", 3)
+        ask_width(client, 25)
     errors(client)
 
 
