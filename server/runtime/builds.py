@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from compiler.buckets import is_symbolic
 from compiler.build import CompileOutcome, compile_bucket
 from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeError
 from compiler.options import CompileOptions
@@ -64,8 +63,8 @@ class BucketBuilder:
         """Compile (or find) the tier, record its compile metrics, and check that it verified."""
         name, kind, tier = served.name, target_kind(served.target), options.tier
         started = time.perf_counter()
-        if is_symbolic(bucket.bucket):  # the dynamic-shape tier: verified at its range's ends, middle and tails
-            extra["verify_sizes"] = served.planner.verify_sizes(bucket.bucket)
+        if bucket.symbolic:  # the dynamic-shape tier: verified at its range's ends, middle and tails
+            extra["verify_sizes"] = bucket.verify_sizes
             tier = DYNAMIC_TIER
         try:
             artifacts = self.kernels.artifacts

@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 
-from compiler.buckets import is_symbolic
 from compiler.store import ArtifactStore
 
 from ..settings import Settings
@@ -107,7 +106,7 @@ class CompileAdmission:
     def holds(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """Whether a queued compile waits: a dynamic bucket's, until ``SETTLE_SECONDS`` after its first
         request (a storm shows by then) and while its model is in a storm."""
-        if bucket.warm or not is_symbolic(bucket.bucket):
+        if bucket.warm or not bucket.symbolic:
             return False
         now = time.monotonic()
         if bucket.first_seen is not None and now - bucket.first_seen < SETTLE_SECONDS:

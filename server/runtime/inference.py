@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from compiler.arrays import contiguous
-from compiler.buckets import BucketPlan, bucket_label, is_symbolic, pad_inputs
+from compiler.buckets import BucketPlan, bucket_label, pad_inputs
 from compiler.engines import Engine
 from compiler.errors import JitServeError, UnavailableError
 
@@ -46,8 +46,6 @@ class Prediction:
     engine: str
     bucket: str
     inference_ms: float
-    dynamic: bool = False
-    """Served by a bucket of the dynamic tier (by its symbolic kernel, or by ONNX Runtime until it has one)."""
     """The engine's share of the request (pad, run, cut back), in milliseconds."""
 
     @property
@@ -284,7 +282,7 @@ class Inference:
         finally:
             if bucket is not None:
                 bucket.observe_run(inference_ms)
-        return Run(outputs, engine, label, inference_ms, dynamic=bucket is not None and is_symbolic(bucket.bucket))
+        return Run(outputs, engine, label, inference_ms, dynamic=bucket is not None and bucket.symbolic)
 
     def reject(self, name: str | None, error: JitServeError) -> None:
         """Count a request refused before it ran; only registered names become labels."""
@@ -293,9 +291,8 @@ class Inference:
 
     def _kernel_for(self, served: ServedModel, bucket: ServedBucket, plan: BucketPlan) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""
-        # Before admission counts the bucket itself: a dynamic bucket's first sizes are not a second new shape.
-        sizes = tuple(sorted((a, n) for a, n in plan.request_axes.items() if isinstance(plan.bucket_axes[a], str)))
-        if sizes:
+        if bucket.symbolic:  # before admission counts the bucket itself: its first sizes are no second new shape
+            sizes = tuple(sorted((a, n) for a, n in plan.request_axes.items() if isinstance(plan.bucket_axes[a], str)))
             self.admission.note_sizes(served, bucket, sizes)
         if bucket.state is BucketState.COLD:
             self.admission.consider(served, bucket)

@@ -64,7 +64,8 @@ class ServedModel:
             served = self.buckets.get(label)
             if served is None:
                 sizes = self.planner.verify_sizes(bucket) if is_symbolic(bucket) else None
-                served = self.buckets[label] = ServedBucket(label, bucket, self.key_of(bucket, verify_sizes=sizes))
+                key = self.key_of(bucket, verify_sizes=sizes)
+                served = self.buckets[label] = ServedBucket(label, bucket, key, verify_sizes=sizes)
             return served
 
     def find_bucket(self, bucket: Bucket) -> ServedBucket | None:

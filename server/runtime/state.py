@@ -24,7 +24,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, model_serializer
 
-from compiler.buckets import Bucket
+from compiler.buckets import Bucket, is_symbolic
 from compiler.errors import IllegalTransitionError
 
 
@@ -74,17 +74,23 @@ RUN_AVERAGE_WEIGHT = 0.2
 """Weight of the newest run in a bucket's moving average of run times."""
 RUNS_TO_TELL = 8
 RECENT_HITS_KEPT = 64
+"""Times of a bucket's latest hits kept: enough for any compile admission threshold."""
 MAX_SIZES_SEEN = 4096
 """Distinct request sizes a symbolic bucket remembers (a storm counts each once)."""
-"""Times of a bucket's latest hits kept: enough for any compile admission threshold."""
 
 
 class ServedBucket:
     """One bucket of a served model: its state, route, measured latencies, tuning and hits."""
 
-    def __init__(self, label: str, bucket: Bucket, key: str, *, warm: bool = False) -> None:
+    def __init__(
+        self, label: str, bucket: Bucket, key: str, *, warm: bool = False, verify_sizes: dict | None = None
+    ) -> None:
         self.label = label
         self.bucket = bucket
+        self.symbolic = is_symbolic(bucket)
+        """A bucket of the dynamic tier: a symbolic kernel for a range of sizes."""
+        self.verify_sizes = verify_sizes
+        """A symbolic bucket's sizes its kernel is verified at (part of its key); None for a static one."""
         self.key = key
         self.warm = warm
         self.state = BucketState.COLD

@@ -7,8 +7,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-from compiler.buckets import is_symbolic
-
 from ..settings import Settings
 from .registry import ServedModel
 from .state import BucketState, ServedBucket, TuningState, TuningStatus
@@ -48,7 +46,7 @@ class BackgroundTuner:
                 if bucket.state is BucketState.READY
                 and bucket.tuning is None
                 and bucket.hits >= s.tune_min_hits
-                and not is_symbolic(bucket.bucket)
+                and not bucket.symbolic
             ]
             ready.sort(key=lambda bucket: bucket.hits, reverse=True)
             found += [(served, bucket) for bucket in ready[: s.tune_top_buckets]]

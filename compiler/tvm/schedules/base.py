@@ -246,8 +246,8 @@ def vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, lanes: int, parall
     outer, inner = list(loops[:-1]), loops[-1]
     innermost = loop_extent(sch, inner)
     if innermost is None:  # symbolic: whole vectors, the tail peeled off (its loop stays out of the fusion)
-        _, inner = split_symbolic(sch, inner, lanes * 2 if (loop_bound(sch, inner) or 0) >= lanes * 4 else lanes)
-        factor = lanes
+        factor = symbolic_tile(loop_bound(sch, inner) or lanes, lanes)
+        _, inner = split_symbolic(sch, inner, factor)
     else:
         # A power-of-two divisor of the lanes' multiples; else a short loop whole; else scalar.
         factor = pick_factor(innermost, [lanes * 2, lanes, lanes // 2, lanes // 4])
