@@ -69,14 +69,14 @@ def _rss(client) -> float:
 
 
 def test_delete_gives_the_model_memory_back(server):
-    big = synthetic.bert_encoder_model(layers=4, hidden=512, heads=8, seq=16)
+    big = synthetic.bert_encoder_model(layers=4, hidden=768, heads=12, seq=16)
     weights = weight_bytes(__import__("onnx").load_from_string(big))
-    buckets = {"x=1x16x512": [1, 16, 512], "x=2x16x512": [2, 16, 512]}
+    buckets = {"x=1x16x768": [1, 16, 768], "x=2x16x768": [2, 16, 768]}
     config = {
         "axes": {"batch": {"kind": "pow2", "min": 1, "max": 8}},
         "warm_buckets": [{"x": b} for b in buckets.values()],
     }
-    x = np.random.default_rng(2).standard_normal((1, 16, 512)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal((1, 16, 768)).astype(np.float32)
     with server.client() as http:
         # TVM's and ONNX Runtime's own libraries load with the first model: measure after them.
         small = synthetic.bert_encoder_model(**ENCODER)
