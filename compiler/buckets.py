@@ -30,9 +30,9 @@ DEFAULT_SPAN = 4
 """An axis padding would change gets dynamic ranges (4^k, 4^(k+1)]: widths 48..800 are three kernels."""
 
 
-def symbolic_dim(axis: str, low: int, high: int) -> str:
-    """The bucket dim that keeps ``axis`` symbolic for sizes ``low..high``."""
-    return f"{axis}@{low}..{high}"
+def symbolic_dim(axis: str, low: int, high: int, step: int = 1) -> str:
+    """The bucket dim that keeps ``axis`` symbolic for sizes ``low..high`` (multiples of ``step``)."""
+    return f"{axis}@{low}..{high}" + (f":{step}" if step > 1 else "")
 
 
 def dim_axis(dim: str) -> str:
@@ -43,10 +43,16 @@ def dim_axis(dim: str) -> str:
 def dim_range(dim: str) -> tuple[int, int] | None:
     """The sizes a bucket's symbolic dim serves (``None`` for a bare name, which carries none)."""
     _, sep, sizes = dim.partition("@")
-    low, dots, high = sizes.partition("..")
+    low, dots, high = sizes.partition(":")[0].partition("..")
     if not sep or not dots or not low.isdigit() or not high.isdigit():
         return None
     return int(low), int(high)
+
+
+def dim_step(dim: str) -> int:
+    """What every size a bucket's symbolic dim serves is a multiple of (1 unless it says ``:step``)."""
+    step = dim.partition("@")[2].partition(":")[2]
+    return int(step) if step.isdigit() and int(step) > 0 else 1
 
 
 class AxisPolicy(BaseModel):
@@ -61,6 +67,13 @@ class AxisPolicy(BaseModel):
         ge=2,
         description="dynamic: one kernel per range (span^k, span^(k+1)] within min..max, each compiled when traffic "
         "first reaches it; none: one kernel for all of min..max",
+    )
+    step: int = Field(
+        1,
+        ge=1,
+        description="dynamic: the kernel serves multiples of this only (others are served exactly). A model "
+        "that halves an axis k times and adds levels back together (a detector's FPN) needs multiples of 2^k "
+        "to keep its shapes consistent: 32 for DBNet and YOLO; its kernel is compiled for step x a symbolic count",
     )
     approximate: float | None = Field(
         None,
@@ -80,22 +93,25 @@ class AxisPolicy(BaseModel):
             self.sizes = sorted(set(self.sizes))
         if self.kind in ("pow2", "dynamic") and self.min > self.max:
             raise ValueError(f"{self.kind} policy has min > max")
+        if self.step > 1 and (self.kind != "dynamic" or self.max < self.step):
+            raise ValueError("'step' needs a 'dynamic' policy whose max is at least the step")
         return self
 
     def symbolic(self, size: int) -> bool:
         """A ``dynamic`` axis's size within its range: served by a symbolic kernel, not a bucket of its own
         (sizes outside it are served exactly: a kernel serves only the range it was verified over)."""
-        return self.kind == "dynamic" and self.min <= size <= self.max
+        return self.kind == "dynamic" and self.min <= size <= self.max and size % self.step == 0
 
     def dynamic_range(self, size: int) -> tuple[int, int]:
-        """The range of the symbolic kernel that serves ``size`` (within min..max)."""
-        if self.span is None:
-            return self.min, self.max
-        high = 1
-        while high < size:
-            high *= self.span
-        low = high // self.span + 1 if high > 1 else 1
-        return max(low, self.min), min(high, self.max)
+        """The range of the symbolic kernel that serves ``size`` (within min..max, ends on the step)."""
+        low, high = self.min, self.max
+        if self.span is not None:
+            high = 1
+            while high < size:
+                high *= self.span
+            low = max(high // self.span + 1 if high > 1 else 1, self.min)
+            high = min(high, self.max)
+        return -(-low // self.step) * self.step, high // self.step * self.step
 
     @property
     def largest(self) -> int | None:
@@ -135,11 +151,11 @@ TAIL_PERIOD = 64
 """A multiple of every vector tile a dynamic kernel splits an axis into (8 and 16 lanes, two vectors)."""
 
 
-def tail_sizes(low: int, high: int) -> list[int]:
+def tail_sizes(low: int, high: int, period: int = TAIL_PERIOD) -> list[int]:
     """Sizes within ``low..high`` that leave each kind of tail on a symbolic axis's vector tiles: whole
     tiles (a multiple of 64), one element over, one under, and 7 under (a tile-1 tail on an axis that
     stride-4 layers shrank: (W - 1) // 4 + 1 = 15 mod 16), around the largest multiple of 64 up to ``high``."""
-    multiple = high // TAIL_PERIOD * TAIL_PERIOD
+    multiple = high // period * period
     if multiple == 0:
         return []
     return [size for size in (multiple - 7, multiple - 1, multiple, multiple + 1) if low <= size <= high]
@@ -251,7 +267,7 @@ class BucketPlanner:
         for axis, size in axis_sizes.items():
             policy = self.effective_policy(axis)
             if policy.symbolic(size) and not (policy.span and size in self.pinned.get(axis, ())):
-                bucket_axes[axis] = symbolic_dim(axis, *policy.dynamic_range(size))
+                bucket_axes[axis] = symbolic_dim(axis, *policy.dynamic_range(size), policy.step)
                 continue
             bucket = policy.bucket_size(size)
             if bucket is None:
@@ -293,7 +309,15 @@ class BucketPlanner:
         sizes = {}
         for dim in {d for shape in bucket.values() for d in shape if isinstance(d, str)}:
             low, high = self._range_of(dim)
-            sizes[dim] = sorted({low, (low + high + 1) // 2, high, *tail_sizes(low, high)})
+            step = dim_step(dim)
+            if step == 1:
+                sizes[dim] = sorted({low, (low + high + 1) // 2, high, *tail_sizes(low, high)})
+                continue
+            # The layer that divided the size by ``step`` holds the count, and vectorizes it in 16s.
+            counts = range(low // step, high // step + 1)
+            middle = counts[len(counts) // 2]
+            tails = tail_sizes(counts[0], counts[-1], period=16)
+            sizes[dim] = sorted({count * step for count in (counts[0], middle, counts[-1], *tails)})
         return sizes
 
     def _range_of(self, dim: str) -> tuple[int, int]:
@@ -310,8 +334,10 @@ class BucketPlanner:
             for index, axis in spec.symbolic_axes():
                 size = bucket[spec.name][index]
                 policy = self.effective_policy(axis)
-                if isinstance(size, str):  # symbolic: no padding, a size from its range
-                    sizes[axis] = pick(*self._range_of(size))
+                if isinstance(size, str):  # symbolic: no padding, a size from its range (on its step)
+                    low, high = self._range_of(size)
+                    step = dim_step(size)
+                    sizes[axis] = max(low, pick(low, high) // step * step)
                     continue
                 lowest = size
                 while lowest > 1 and size - lowest < 4096 and policy.bucket_size(lowest - 1) == size:

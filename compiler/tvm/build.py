@@ -17,16 +17,16 @@ import numpy as np
 import onnx
 import onnxsim
 import tvm
-from tvm.relax.frontend.onnx import from_onnx
 
 from ..arrays import compare_outputs, random_inputs
-from ..buckets import is_symbolic
+from ..buckets import dim_step, is_symbolic
 from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
 from ..memory import anonymous_resident_bytes
 from ..options import BuildJob, read_source
 from ..signature import fix_input_shapes
 from ..weights import GRAPH_NAME, load_weights
+from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
 
@@ -59,14 +59,19 @@ def _last_line(exc: BaseException) -> str:
 
 
 def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[str, str]):
-    # A named dim becomes one tirx.Var per name, shared by every input that has it (a plain string fails).
+    # A named dim becomes one tirx.Var per name, shared by every input that has it (a plain string fails);
+    # a dim with a step is ``step * var``, the var counting steps.
     variables = {d: tvm.tirx.Var(d, "int64") for shape in bucket.values() for d in shape if isinstance(d, str)}
+    steps = [(variables[d], dim_step(d)) for d in variables if dim_step(d) > 1]
+    shapes = {
+        name: [(variables[d] * dim_step(d) if dim_step(d) > 1 else variables[d]) if isinstance(d, str) else d for d in v]
+        for name, v in bucket.items()
+    }
     try:
-        return from_onnx(
-            model,
-            shape_dict={k: [variables.get(d, d) if isinstance(d, str) else d for d in v] for k, v in bucket.items()},
-            dtype_dict=dict(dtypes),
-        )
+        mod = import_onnx(model, shape_dict=shapes, dtype_dict=dict(dtypes))
+        # The weights are parameters, not inputs: tuning and LiftTransformParams read this attribute.
+        mod["main"] = mod["main"].with_attr("num_input", len(bucket))
+        return read_steps(mod, steps)
     except tvm.error.OpNotImplemented as exc:
         raise UnsupportedOperatorError(f"TVM cannot import this model: {_last_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - the importer raises many types
@@ -140,8 +145,6 @@ def build_and_verify(job: BuildJob) -> dict:
     weight_names = weight_parameters(specialized, job.input_names, weights)
     clock.lap("simplify")
     mod = import_relax(specialized, job.bucket, job.dtypes)
-    # The weights are parameters, not inputs: tuning and LiftTransformParams read this attribute.
-    mod["main"] = mod["main"].with_attr("num_input", len(job.input_names))
     clock.lap("import")
     facts = {"simplified": simplified, "weights": weight_names}
     if job.tune_trials:
@@ -157,7 +160,11 @@ def build_and_verify(job: BuildJob) -> dict:
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}
     observed: dict[str, str] = {}
-    bounds = {name: (min(sizes), max(sizes)) for name, sizes in (job.verify_sizes or {}).items() if sizes}
+    bounds = {  # the range of each symbolic var: of a dim's size, or of its count of steps
+        name: (min(sizes) // dim_step(name), max(sizes) // dim_step(name))
+        for name, sizes in (job.verify_sizes or {}).items()
+        if sizes
+    }
     database = open_shared_database(job.database_dir)
     executable = compile_relax(mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds)
     facts["schedule_digest"] = observed.get("schedule_digest")

@@ -50,6 +50,13 @@ def _static_shape(expr: relax.Expr) -> list[int] | None:
     return [int(d) for d in dims]
 
 
+def _channels_static(expr: relax.Expr) -> bool:
+    """An NCHW tensor whose batch and channels are constants (its height and width may be symbolic)."""
+    shape = getattr(expr.ty, "shape", None)
+    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
+    return dims is not None and len(dims) == 4 and all(isinstance(d, tvm.tirx.IntImm) for d in dims[:2])
+
+
 def _on_cpu() -> bool:
     # CUDA keeps TVM's lowerings: these were measured, and are tested, on the CPU only.
     target = tvm.target.Target.current(allow_none=True)
@@ -58,8 +65,8 @@ def _on_cpu() -> bool:
 
 def _is_upsampling_transpose(call: relax.Call) -> bool:
     attrs = call.attrs
-    weight_shape, data_shape = _static_shape(call.args[1]), _static_shape(call.args[0])
-    if not _on_cpu() or weight_shape is None or data_shape is None or len(weight_shape) != 4 or len(data_shape) != 4:
+    weight_shape = _static_shape(call.args[1])
+    if not _on_cpu() or weight_shape is None or len(weight_shape) != 4 or not _channels_static(call.args[0]):
         return False
     strides = [int(s) for s in attrs.strides]
     kernel = weight_shape[2:]
@@ -79,11 +86,11 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if not _is_upsampling_transpose(call):
         return _DEFAULT_CONV2D_TRANSPOSE(bb, call)
     out_dtype = call.ty.dtype
-    batch, in_channels, height, width = _static_shape(call.args[0])
     _, out_channels, sy, sx = _static_shape(call.args[1])
 
     def phases(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
         # phase[n, a, b, o, i, j] feeds output pixel (i*sy + a, j*sx + b): rows o, columns j (contiguous in data).
+        batch, in_channels, height, width = (_dim(d) for d in data.shape)  # the kernel's own vars (see conv)
         rc = te.reduce_axis((0, in_channels), name="rc")
         return te.compute(
             (batch, sy, sx, out_channels, height, width),
@@ -94,6 +101,7 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         )
 
     def interleave(phase: te.Tensor) -> te.Tensor:
+        batch, _, _, _, height, width = (_dim(d) for d in phase.shape)
         return te.compute(
             (batch, out_channels, height * sy, width * sx),
             lambda n, o, y, x: phase[n, y % sy, x % sx, o, y // sy, x // sx],
@@ -107,8 +115,8 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 def _flattened_pointwise(call: relax.Call) -> bool:
     """A 1x1 conv whose map, flattened, fills vectors that its width alone does not."""
     attrs = call.attrs
-    weight_shape, data_shape = _static_shape(call.args[1]), _static_shape(call.args[0])
-    if not _on_cpu() or weight_shape is None or data_shape is None or len(data_shape) != 4:
+    weight_shape = _static_shape(call.args[1])
+    if not _on_cpu() or weight_shape is None or not _channels_static(call.args[0]):
         return False
     if call.ty.dtype != "float32":
         return False
@@ -122,7 +130,10 @@ def _flattened_pointwise(call: relax.Call) -> bool:
         and all(int(p) == 0 for p in attrs.padding)
     )
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
-    height, width = data_shape[2:]
+    height, width = (_dim(d) for d in call.args[0].ty.shape.values[2:])
+    if not isinstance(height, int) or not isinstance(width, int):
+        # Symbolic (the dynamic tier): one matmul over the flattened map leaves a tail once, not per row.
+        return pointwise and extent_bound(height * width) is not None
     return pointwise and (whole_vector_tile(width, lanes) or 0) < (whole_vector_tile(height * width, lanes) or 0)
 
 
@@ -142,7 +153,9 @@ def _pads_width(call: relax.Call) -> bool:
         return False
     width = out_shape.values[3]
     if not isinstance(width, tvm.tirx.IntImm):
-        return extent_bound(width) is not None
+        # Only a width that is a var itself: for k * W (a detector's levels), the schedule's region
+        # analysis cannot prove the padded result covers the cut (min(2W, (W + 7) // 8 * 16) stays).
+        return isinstance(width, tvm.tirx.Var) and extent_bound(width) is not None
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
     width = int(width)
     if width <= lanes:
@@ -159,18 +172,14 @@ def _dim(value):
 def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     out_dtype = call.ty.dtype
-    batch, out_channels, out_height, out_width = (_dim(d) for d in call.ty.shape.values)
-    _, in_channels, height, width = (_dim(d) for d in call.args[0].ty.shape.values)
-    _, group_channels, kernel_h, kernel_w = _static_shape(call.args[1])
+    out_width = _dim(call.ty.shape.values[3])
+    out_channels, group_channels, kernel_h, kernel_w = _static_shape(call.args[1])
     stride_h, stride_w = (int(s) for s in attrs.strides)
     dilation_h, dilation_w = (int(d) for d in attrs.dilation)
-    top, left = int(attrs.padding[0]), int(attrs.padding[1])
-    per_group = _static_shape(call.args[1])[0] // int(attrs.groups)
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    per_group = out_channels // int(attrs.groups)
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
     tile = symbolic_tile(out_width if isinstance(out_width, int) else extent_bound(out_width), lanes)
-    padded_width = (out_width + tile - 1) // tile * tile
-    in_rows = (out_height - 1) * stride_h + (kernel_h - 1) * dilation_h + 1
-    in_columns = (padded_width - 1) * stride_w + (kernel_w - 1) * dilation_w + 1
 
     def channel(f, rc):
         # The input channel read by output channel f: f's own (depthwise), or its group's rc-th. A plain conv
@@ -180,6 +189,15 @@ def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         return f // per_group if group_channels == 1 else f // per_group * group_channels + rc
 
     def conv(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
+        # Every dim from ``data``'s own shape: call_te gives the kernel fresh copies of the caller's symbolic
+        # vars, and a dim taken from the call's shape would bring the caller's in as a second, unrelated var.
+        batch, in_channels, height, width = (_dim(d) for d in data.shape)
+        simplify = tvm.sym.Analyzer().simplify  # the form the caller's shapes have: 8H, not (16H - 1) // 2 + 1
+        out_height = _dim(simplify((height + top + bottom - (kernel_h - 1) * dilation_h - 1) // stride_h + 1))
+        out_width = _dim(simplify((width + left + right - (kernel_w - 1) * dilation_w - 1) // stride_w + 1))
+        padded_width = (out_width + tile - 1) // tile * tile
+        in_rows = (out_height - 1) * stride_h + (kernel_h - 1) * dilation_h + 1
+        in_columns = (padded_width - 1) * stride_w + (kernel_w - 1) * dilation_w + 1
         pad = te.compute(
             (batch, in_channels, in_rows, in_columns),
             lambda n, c, y, x: tvm.tirx.if_then_else(
@@ -211,14 +229,15 @@ def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if not _flattened_pointwise(call):
         return _padded_width_conv(bb, call) if _pads_width(call) else _DEFAULT_CONV2D(bb, call)
-    batch, in_channels, height, width = _static_shape(call.args[0])
+    batch, in_channels, height, width = (_dim(d) for d in call.args[0].ty.shape.values)
     out_channels = _static_shape(call.args[1])[0]
     out_dtype = call.ty.dtype
 
     def pointwise(rows: te.Tensor, weight: te.Tensor) -> te.Tensor:
+        batch, in_channels, columns = (_dim(d) for d in rows.shape)  # the kernel's own vars (see conv)
         rc = te.reduce_axis((0, in_channels), name="rc")
         return te.compute(
-            (batch, out_channels, height * width),
+            (batch, out_channels, columns),
             lambda n, o, f: te.sum(rows[n, rc, f].astype(out_dtype) * weight[o, rc, 0, 0].astype(out_dtype), axis=rc),
             name="conv2d_pointwise",
         )

@@ -178,6 +178,16 @@ class Contraction(SafeRule):
         if tile is not None:
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             _vectorize_tile(sch, epilogue, tile)
+        if info.vec in info.symbolic and info.multiple.get(info.vec, 1) % nr:
+            # A tile that may be the guarded tail: its accumulators are indexed within the tile, or the
+            # guard keeps the local buffer from being compacted (a whole row of them in memory: 2.5x).
+            position = info.spatial.index(info.vec)
+            sch.transform_layout(
+                main,
+                ("write", 0),
+                lambda *dims: [d % nr if i == position else d for i, d in enumerate(dims)],
+                assume_injective_transform=True,
+            )
         # Loop kinds before decompose_reduction: the update block stops being a complete
         # reduction block once its init is split off, and vectorize checks that.
         if reg_inner is not None:

@@ -1,0 +1,88 @@
+"""ONNX -> Relax: TVM's importer, with the fixes jitserve's buckets need."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+
+class Importer(ONNXGraphImporter):
+    """TVM's ONNX importer, where a symbolic dim must stay exact through every op."""
+
+    def _convert_operator(self, op_name: str, inputs: list, attrs: dict, opset: int):
+        if op_name == "Resize":
+            inputs = _integral_scales(inputs)
+        return super()._convert_operator(op_name, inputs, attrs, opset)
+
+
+def _integral_scales(inputs: list) -> list:
+    """TVM computes a Resize's output size as ``int64(float(dim) * scale)``: exact for a static dim, but
+    a symbolic one gives an expression no other shape can be proved equal to, so the FPN of a detector
+    (a 2x upsample added to the map one level up) loses its shape. Whole-number scales, handed over as
+    a shape, make it ``dim * scale``."""
+    if len(inputs) < 3 or not isinstance(inputs[2], tvm.ir.GenericConst):
+        return inputs
+    scales = inputs[2].value.numpy()
+    if scales.size == 0 or not np.all(scales == np.round(scales)) or np.any(scales < 1):
+        return inputs
+    return [*inputs[:2], relax.ShapeExpr([int(s) for s in scales]), *inputs[3:]]
+
+
+def import_onnx(model: onnx.ModelProto, shape_dict: dict[str, list], dtype_dict: dict[str, str]) -> tvm.IRModule:
+    """What ``tvm.relax.frontend.onnx.from_onnx`` does with its defaults, through :class:`Importer`."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return Importer(shape_dict, dtype_dict).from_onnx(model.graph, opset)
+
+
+def read_steps(mod: tvm.IRModule, steps: list[tuple[tvm.tirx.Var, int]]) -> tvm.IRModule:
+    """Let ``main`` take inputs whose dims were imported as ``step * var``.
+
+    A detector's layers halve its input k times, and only an input that is a multiple of 2^k keeps
+    every level's shape provable (the 2x upsample of one level added to the level above), so such a
+    dim is imported as ``step * var``. The VM cannot solve ``step * var`` from an input's shape: the
+    inputs take plain sizes, and the function's first bindings read each ``var = size // step`` and
+    check the input is ``step * var``, binding the very variable the imported body uses."""
+    if not steps:
+        return mod
+    main = mod["main"]
+    num_inputs = int(main.attrs["num_input"]) if main.attrs and "num_input" in main.attrs else len(main.params)
+    by_name = {var.name: (var, step) for var, step in steps}  # a PrimExpr's == builds an expression
+    sizes = {name: tvm.tirx.Var(f"{name}*{step}", "int64") for name, (_, step) in by_name.items()}
+    params, casts = [], []
+    for index, param in enumerate(main.params):
+        shape = param.ty.shape.values if index < num_inputs and param.ty.shape is not None else None
+        stepped = [_stepped_name(dim, by_name) for dim in shape] if shape is not None else []
+        if not any(stepped):
+            params.append(param)
+            continue
+        dims = [sizes[name] if name else dim for name, dim in zip(stepped, shape, strict=True)]
+        plain = relax.Var(param.name, relax.TensorType(dims, param.ty.dtype))
+        params.append(plain)
+        casts.append(relax.MatchCast(param, plain, param.ty))
+    # Through a tensor and back: bound straight to ``size // step``, each var would be replaced by that
+    # expression wherever it is used (CanonicalizeBindings), and FuseTIR takes only plain vars.
+    counts = relax.ShapeExpr([sizes[name] // step for name, (_, step) in by_name.items()])
+    as_tensor = relax.Var("step_counts", relax.TensorType([len(by_name)], "int64"))
+    opaque = relax.Var("step_shape", relax.ShapeType(ndim=len(by_name)))
+    variables = relax.ShapeType([var for var, _ in by_name.values()])
+    read = [
+        relax.VarBinding(as_tensor, relax.op.shape_to_tensor(counts)),
+        relax.VarBinding(opaque, relax.op.tensor_to_shape(as_tensor)),
+        relax.MatchCast(relax.Var("steps", variables), opaque, variables),
+    ]
+    body = relax.SeqExpr([relax.BindingBlock([*read, *casts]), *main.body.blocks], main.body.body)
+    mod["main"] = relax.Function(params, body, main.ret_ty, main.is_pure, main.attrs)
+    return relax.transform.Normalize()(mod)
+
+
+def _stepped_name(dim, by_name: dict[str, tuple]) -> str | None:
+    """The name of the var of a ``step * var`` (or ``var * step``) dim."""
+    if isinstance(dim, tvm.tirx.Mul):
+        for var, factor in ((dim.a, dim.b), (dim.b, dim.a)):
+            known = by_name.get(getattr(var, "name", None))
+            if known and known[0].same_as(var) and isinstance(factor, tvm.tirx.IntImm) and factor.value == known[1]:
+                return var.name
+    return None
