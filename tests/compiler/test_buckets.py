@@ -15,6 +15,7 @@ from compiler.buckets import (
     bucket_label,
     dim_axis,
     dim_range,
+    dim_step,
     pad_inputs,
     tail_sizes,
 )
@@ -78,6 +79,9 @@ def test_exact_policy(size):
         {"kind": "pow2", "max": 0},
         {"kind": "bucketed"},
         {"kind": "pow2", "min": "many"},
+        {"kind": "pow2", "step": 32},
+        {"kind": "dynamic", "min": 1, "max": 16, "step": 32},
+        {"kind": "dynamic", "step": 0},
     ],
 )
 def test_bad_policies_are_rejected(fields):
@@ -142,9 +146,12 @@ def test_dynamic_ranges_of_a_span(size, expected):
     assert AxisPolicy(kind="dynamic", min=8, max=1000).dynamic_range(size) == (8, 1000)
 
 
-@pytest.mark.parametrize("dim, axis, sizes", [("W@17..64", "W", (17, 64)), ("W", "W", None), ("a@b", "a", None)])
-def test_a_symbolic_dim_names_its_axis_and_range(dim, axis, sizes):
-    assert (dim_axis(dim), dim_range(dim)) == (axis, sizes)
+@pytest.mark.parametrize(
+    "dim, axis, sizes, step",
+    [("W@17..64", "W", (17, 64), 1), ("W", "W", None, 1), ("a@b", "a", None, 1), ("H@480..960:32", "H", (480, 960), 32)],
+)
+def test_a_symbolic_dim_names_its_axis_range_and_step(dim, axis, sizes, step):
+    assert (dim_axis(dim), dim_range(dim), dim_step(dim)) == (axis, sizes, step)
 
 
 def test_exact_without_a_policy(two_input_signature):
@@ -365,3 +372,31 @@ def test_tail_sizes_leave_every_remainder_of_the_vector_tiles(low, high, tails):
 def test_bad_dynamic_policies_are_rejected(fields):
     with pytest.raises(ValidationError):
         AxisPolicy(kind="dynamic", **fields)
+
+
+@pytest.fixture(scope="module")
+def detector_planner() -> BucketPlanner:
+    """``x[1, 3, H, W]``, both dynamic within 480..960 in steps of 32 (a detector's input)."""
+    signature = read_signature(onnx.load_from_string(synthetic.relu_model([1, 3, "H", "W"])))
+    policy = AxisPolicy(kind="dynamic", min=480, max=960, step=32)
+    return BucketPlanner(signature, {"H": policy, "W": policy})
+
+
+def test_a_stepped_dynamic_axis_serves_its_multiples_and_serves_other_sizes_exactly(detector_planner):
+    assert detector_planner.plan({"x": (1, 3, 640, 512)}).bucket == {"x": (1, 3, "H@480..960:32", "W@480..960:32")}
+    assert detector_planner.plan({"x": (1, 3, 480, 960)}).bucket == {"x": (1, 3, "H@480..960:32", "W@480..960:32")}
+    assert detector_planner.plan({"x": (1, 3, 650, 512)}).bucket == {"x": (1, 3, 650, "W@480..960:32")}
+    assert detector_planner.plan({"x": (1, 3, 448, 992)}).bucket == {"x": (1, 3, 448, 992)}
+
+
+def test_a_stepped_dynamic_bucket_is_verified_and_timed_at_multiples_only(detector_planner):
+    bucket = {"x": (1, 3, "H@480..960:32", "W@480..960:32")}
+    # counts 15..30: the ends, the middle (23), and the tails of 16 (15, 16, 17) where the count is a map's width
+    sizes = [480, 512, 544, 736, 960]
+    assert detector_planner.verify_sizes(bucket) == {"H@480..960:32": sizes, "W@480..960:32": sizes}
+    assert detector_planner.typical_request(bucket) == {"x": (1, 3, 704, 704)}
+
+
+@pytest.mark.parametrize("size, expected", [(100, (96, 256)), (480, (288, 992)), (64, (32, 64))])
+def test_a_stepped_dynamic_range_ends_on_its_step(size, expected):
+    assert AxisPolicy(kind="dynamic", min=32, max=1000, span=4, step=32).dynamic_range(size) == expected

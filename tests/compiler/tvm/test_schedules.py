@@ -447,6 +447,68 @@ def test_a_symbolic_width_conv_accumulates_whole_vector_tiles_without_a_guard():
     assert "T.where" in scheduled  # the epilogue's stores of the last tile
 
 
+def _fpn_model() -> bytes:
+    """A detector's neck in miniature: two stride-2 convs, the deeper map upsampled 2x (Resize, nearest)
+    and added to the shallower one, then a pointwise conv. Its shapes agree only for multiples of 4."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Resize", ["c2", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Add", ["up", "r1"], ["sum"]),
+        helper.make_node("Conv", ["sum", "w3"], ["y"], kernel_shape=[1, 1]),
+    ]
+    weights = [
+        _const("w1", (8, 4, 3, 3), 0.3),
+        _const("w2", (8, 8, 3, 3), 0.3),
+        _const("w3", (4, 8, 1, 1), 0.3),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+    ]
+    return _model(nodes, [1, 4, "h", "w"], [1, 4, "h2", "w2"], weights)
+
+
+def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(store):
+    """With plain symbolic dims the neck's Add has two shapes TVM cannot prove equal, and import fails;
+    with a step of 4 (sizes 4 x count) every level's shape is exact. Every kernel is scheduled, the
+    accumulators of a conv whose width may end in a half tile (2 x count) stay tile-sized, and the
+    kernel matches ONNX Runtime at even and odd counts, verified or not."""
+    from compiler.build import open_kernel
+    from compiler.engines import OrtEngine
+    from compiler.errors import CompileError
+
+    model = _fpn_model()
+    loaded = load_model(model, max_bytes=1 << 20)
+    plain = {"H": [32, 36], "W": [32, 36]}
+    with pytest.raises(CompileError, match="TVM (import|build) failed"):
+        compile_bucket(loaded, {"x": (1, 4, "H", "W")}, TARGET, store, verify_sizes=plain)
+    height, width = "H@32..96:4", "W@32..144:4"
+    bucket = {"x": (1, 4, height, width)}
+    bounds = {height: (8, 24), width: (8, 36)}
+    kernels = _fused_kernels(model, bucket, bounds)
+    target = tvm.target.Target(TARGET)
+    for name, func in kernels.items():
+        scheduled = next((s for rule in cpu_schedules.default_cpu_rules(bounds) if (s := rule.apply(func, target, False))), None)
+        assert scheduled is not None, f"{name}: no rule matched"
+        if "conv2d_nchw_update" in scheduled.mod.script():
+            compacted = tvm.transform.Sequential(
+                [
+                    tvm.s_tir.transform.LowerInitBlock(),
+                    tvm.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                    tvm.s_tir.transform.ConvertBlocksToOpaque(),
+                    tvm.s_tir.transform.CompactBufferAllocation(),
+                ]
+            )(scheduled.mod).script()
+            local = [line for line in compacted.splitlines() if "alloc_buffer" in line and '"local"' in line]
+            assert local and all("_32__" not in line for line in local), (name, local)  # no symbolic dim
+    sizes = {height: [32, 36, 64, 96], width: [32, 36, 68, 100, 144]}
+    outcome = compile_bucket(loaded, bucket, TARGET, store, verify_sizes=sizes)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    kernel, reference = open_kernel(loaded, outcome, store), OrtEngine(model)
+    for h, w in ((40, 52), (92, 140), (32, 44)):
+        x = {"x": RNG.standard_normal((1, 4, h, w)).astype(np.float32)}
+        np.testing.assert_allclose(kernel.run(x)["y"], reference.run(x)["y"], rtol=1e-4, atol=1e-4)
+
+
 def test_extent_bounds_are_evaluated_at_the_symbolic_ranges():
     from compiler.tvm.schedules.base import extent_bound, planning_bounds
 
