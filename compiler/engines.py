@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
 from .arrays import contiguous
 from .errors import BadRequestError
@@ -49,13 +50,24 @@ class OrtEngine:
             outputs = self.session.run(None, inputs)
         except InvalidArgument as exc:  # the input's fault (e.g. an index out of range): a 400, not a 500
             raise BadRequestError(f"onnxruntime refused the input: {_status_message(exc)}") from None
+        except Fail as exc:
+            # A node that cannot run on these shapes (a detector's levels that disagree for a size that is
+            # no multiple of its stride): the model loaded and ran at other shapes, so the input's fault.
+            node = re.search(r"running (\w+) node", str(exc))
+            if node is None:
+                raise
+            raise BadRequestError(
+                f"onnxruntime cannot run the model on this input's shape ({node[1]} node): {_status_message(exc)}"
+            ) from None
         return dict(zip(self.output_names, outputs, strict=True))
 
 
 def _status_message(exc: Exception) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     _, found, message = text.partition("Status Message: ")
-    return message if found else text.rpartition(" : ")[2]
+    message = message if found else text.rpartition(" : ")[2]
+    # Without the check's source location and condition: "/src/...h:583 void f(...) x == 1 was false. "
+    return re.sub(r"^/\S+:\d+ .*? was false\.\s*", "", message)
 
 
 def device_weights(arrays: list[np.ndarray], device: str = "llvm") -> list:

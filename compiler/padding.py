@@ -174,7 +174,8 @@ def probe_padding(
                 results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
                 continue
             if policy.kind == "dynamic":
-                reason = f"policy is dynamic: never padded; one symbolic kernel serves {policy.min}..{policy.max}"
+                served = f"{policy.min}..{policy.max}" + (f" in steps of {policy.step}" if policy.step > 1 else "")
+                reason = f"policy is dynamic: never padded; one symbolic kernel serves {served}"
                 results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
                 continue
             candidates = [sizes[axis]]

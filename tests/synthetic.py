@@ -431,3 +431,31 @@ def heavy_model(weight_bytes: int) -> bytes:
         initializer=[numpy_helper.from_array(weight, "W")],
     )
     return make_model(graph, check=False).SerializeToString()
+
+
+def fpn_model(seed: int = 5) -> bytes:
+    """A detector's neck in miniature, ``x[1, 4, h, w]``: two stride-2 convs, the deeper map upsampled 2x
+    (Resize, nearest) and added to the shallower one, then a pointwise conv. Its shapes agree only when
+    h and w are multiples of 4 (ONNX Runtime refuses other sizes, as it does a DBNet's non-multiples of 32)."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Resize", ["c2", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Add", ["up", "r1"], ["sum"]),
+        helper.make_node("Conv", ["sum", "w3"], ["y"], kernel_shape=[1, 1]),
+    ]
+    initializer = [
+        weight("w1", (8, 4, 3, 3)),
+        weight("w2", (8, 8, 3, 3)),
+        weight("w3", (4, 8, 1, 1)),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+    ]
+    inputs, outputs = [value("x", "float32", [1, 4, "h", "w"])], [value("y", "float32", [1, 4, "h2", "w2"])]
+    graph = helper.make_graph(nodes, "fpn", inputs, outputs, initializer)
+    return make_model(graph).SerializeToString()

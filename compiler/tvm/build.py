@@ -63,10 +63,13 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[
     # a dim with a step is ``step * var``, the var counting steps.
     variables = {d: tvm.tirx.Var(d, "int64") for shape in bucket.values() for d in shape if isinstance(d, str)}
     steps = [(variables[d], dim_step(d)) for d in variables if dim_step(d) > 1]
-    shapes = {
-        name: [(variables[d] * dim_step(d) if dim_step(d) > 1 else variables[d]) if isinstance(d, str) else d for d in v]
-        for name, v in bucket.items()
-    }
+
+    def dim(d):
+        if not isinstance(d, str):
+            return d
+        return variables[d] * dim_step(d) if dim_step(d) > 1 else variables[d]
+
+    shapes = {name: [dim(d) for d in v] for name, v in bucket.items()}
     try:
         mod = import_onnx(model, shape_dict=shapes, dtype_dict=dict(dtypes))
         # The weights are parameters, not inputs: tuning and LiftTransformParams read this attribute.

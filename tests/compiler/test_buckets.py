@@ -148,7 +148,12 @@ def test_dynamic_ranges_of_a_span(size, expected):
 
 @pytest.mark.parametrize(
     "dim, axis, sizes, step",
-    [("W@17..64", "W", (17, 64), 1), ("W", "W", None, 1), ("a@b", "a", None, 1), ("H@480..960:32", "H", (480, 960), 32)],
+    [
+        ("W@17..64", "W", (17, 64), 1),
+        ("W", "W", None, 1),
+        ("a@b", "a", None, 1),
+        ("H@480..960:32", "H", (480, 960), 32),
+    ],
 )
 def test_a_symbolic_dim_names_its_axis_range_and_step(dim, axis, sizes, step):
     assert (dim_axis(dim), dim_range(dim), dim_step(dim)) == (axis, sizes, step)

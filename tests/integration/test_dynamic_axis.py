@@ -83,3 +83,38 @@ def test_by_default_an_axis_padding_would_change_gets_a_kernel_per_range_of_its_
             assert labels == set(expected.values())
     finally:
         server.stop()
+
+
+def test_a_stepped_dynamic_axis_serves_a_detector_neck_at_every_multiple(tmp_path):
+    """A detector takes multiples of its stride only: declared with a step, one symbolic kernel serves
+    every multiple of the range; a size that is no multiple gets a bucket of its own, and where ONNX
+    Runtime refuses it (the neck's shapes disagree) the client gets a 400 naming the problem."""
+    model = synthetic.fpn_model()
+    reference = OrtEngine(model)
+    policy = {"kind": "dynamic", "min": 32, "max": 96, "step": 4}
+    server = ServerProcess(tmp_path / "data", tuning_enabled=False, routing="compiled").start()
+    try:
+        with server.client() as client:
+            assert upload(client, "neck", model, {"axes": {"h": policy, "w": policy}}).status_code == 201
+            axis = client.get("/models/neck").json()["axes"]["h"]
+            assert "serves 32..96 in steps of 4" in axis["padding_safety"]["reason"], axis
+
+            def infer(height: int, width: int):
+                x = np.random.default_rng(height * width).standard_normal((1, 4, height, width)).astype(np.float32)
+                response = client.post("/predict", json={"model": "neck", "inputs": {"x": x.tolist()}})
+                if response.status_code == 200:
+                    got = np.array(response.json()["outputs"]["y"], np.float32)
+                    np.testing.assert_allclose(got, reference.run({"x": x})["y"], rtol=1e-4, atol=1e-4)
+                return response
+
+            label = "x=1x4xh@32..96:4xw@32..96:4"
+            assert infer(40, 52).json()["bucket"] == label
+            assert settled_bucket(client, "neck", label)["state"] == "ready"
+            for height, width in ((32, 96), (36, 44), (92, 60)):  # even and odd counts of the step
+                body = infer(height, width).json()
+                assert (body["bucket"], body["engine"]) == (label, "tvm"), (height, width)
+            refused = infer(38, 44)  # 38 / 2 = 19, / 2 = 10, x 2 = 20: the Add cannot take it
+            assert refused.status_code == 400, refused.text
+            assert "cannot run the model on this input's shape (Add node)" in refused.json()["error"]
+    finally:
+        server.stop()

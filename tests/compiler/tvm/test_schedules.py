@@ -14,6 +14,7 @@ from compiler.build import compile_bucket
 from compiler.model import load_model
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
+from tests import synthetic
 from tests.synthetic import make_model, value
 
 tvm = pytest.importorskip("tvm")
@@ -447,26 +448,6 @@ def test_a_symbolic_width_conv_accumulates_whole_vector_tiles_without_a_guard():
     assert "T.where" in scheduled  # the epilogue's stores of the last tile
 
 
-def _fpn_model() -> bytes:
-    """A detector's neck in miniature: two stride-2 convs, the deeper map upsampled 2x (Resize, nearest)
-    and added to the shallower one, then a pointwise conv. Its shapes agree only for multiples of 4."""
-    nodes = [
-        helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2"], ["c2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-        helper.make_node("Resize", ["c2", "", "scales"], ["up"], mode="nearest"),
-        helper.make_node("Add", ["up", "r1"], ["sum"]),
-        helper.make_node("Conv", ["sum", "w3"], ["y"], kernel_shape=[1, 1]),
-    ]
-    weights = [
-        _const("w1", (8, 4, 3, 3), 0.3),
-        _const("w2", (8, 8, 3, 3), 0.3),
-        _const("w3", (4, 8, 1, 1), 0.3),
-        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
-    ]
-    return _model(nodes, [1, 4, "h", "w"], [1, 4, "h2", "w2"], weights)
-
-
 def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(store):
     """With plain symbolic dims the neck's Add has two shapes TVM cannot prove equal, and import fails;
     with a step of 4 (sizes 4 x count) every level's shape is exact. Every kernel is scheduled, the
@@ -476,10 +457,10 @@ def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(stor
     from compiler.engines import OrtEngine
     from compiler.errors import CompileError
 
-    model = _fpn_model()
+    model = synthetic.fpn_model()
     loaded = load_model(model, max_bytes=1 << 20)
     plain = {"H": [32, 36], "W": [32, 36]}
-    with pytest.raises(CompileError, match="TVM (import|build) failed"):
+    with pytest.raises(CompileError, match=r"TVM (import|build) failed"):
         compile_bucket(loaded, {"x": (1, 4, "H", "W")}, TARGET, store, verify_sizes=plain)
     height, width = "H@32..96:4", "W@32..144:4"
     bucket = {"x": (1, 4, height, width)}
@@ -487,7 +468,8 @@ def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(stor
     kernels = _fused_kernels(model, bucket, bounds)
     target = tvm.target.Target(TARGET)
     for name, func in kernels.items():
-        scheduled = next((s for rule in cpu_schedules.default_cpu_rules(bounds) if (s := rule.apply(func, target, False))), None)
+        rules = cpu_schedules.default_cpu_rules(bounds)
+        scheduled = next((s for rule in rules if (s := rule.apply(func, target, False))), None)
         assert scheduled is not None, f"{name}: no rule matched"
         if "conv2d_nchw_update" in scheduled.mod.script():
             compacted = tvm.transform.Sequential(
