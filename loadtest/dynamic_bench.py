@@ -1,13 +1,15 @@
-"""The dynamic tier against static kernels: one symbolic kernel for a width range, per-width kernels, ONNX Runtime.
+"""The dynamic tier against static kernels: one symbolic kernel for a size range, per-size kernels, ONNX Runtime.
 
     .venv/bin/python loadtest/dynamic_bench.py [--widths 100 320 640] [--range 48 800] [--runs 20]
+    .venv/bin/python loadtest/dynamic_bench.py --model det [--widths 480 640 960] [--range 480 960]
 
-Compiles PP-OCRv4 rec (batch 1, height 48) once with its width symbolic over
-``--range`` (verified as the server verifies a dynamic bucket) and once per
-width in ``--widths`` (static), then times every engine at each width in this
-one process (median of ``--runs``) and prints a Markdown table with the
-dynamic kernel's ratio to the static one and to ONNX Runtime, under a line
-naming the CPU and its vector ISA.
+rec: compiles PP-OCRv4 rec (batch 1, height 48) once with its width symbolic
+over ``--range`` (verified as the server verifies a dynamic bucket) and once
+per width in ``--widths`` (static). det: PP-OCRv4 det at square sizes, height
+and width both symbolic in steps of 32 (the multiples the detector takes).
+Then times every engine at each size in this one process (median of
+``--runs``) and prints a Markdown table with the dynamic kernel's ratio to the
+static one and to ONNX Runtime, under a line naming the CPU and its vector ISA.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from compiler.model import load_model_file
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
 from loadtest.bench_table import cpu_name
-from tests.realmodels import REC, rapidocr_model
+from tests.realmodels import DET, REC, rapidocr_model
 
 
 def median_ms(engine, inputs: dict, runs: int) -> float:
@@ -44,16 +46,27 @@ def median_ms(engine, inputs: dict, runs: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--widths", type=int, nargs="+", default=[100, 320, 640])
-    parser.add_argument("--range", type=int, nargs=2, default=[48, 800], metavar=("MIN", "MAX"))
+    parser.add_argument("--model", choices=["rec", "det"], default="rec")
+    parser.add_argument("--widths", type=int, nargs="+", help="sizes (default rec 100 320 640, det 480 640 960)")
+    parser.add_argument("--range", type=int, nargs=2, metavar=("MIN", "MAX"), help="default rec 48 800, det 480 960")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    low, high = args.range
-    model = load_model_file(str(rapidocr_model(REC)), max_bytes=1 << 30)
+    det = args.model == "det"
+    low, high = args.range or ((480, 960) if det else (48, 800))
+    sizes = args.widths or ([480, 640, 960] if det else [100, 320, 640])
+    model = load_model_file(str(rapidocr_model(DET if det else REC)), max_bytes=1 << 30)
     target = resolve_target("llvm")
-    width_axis = model.signature.inputs[0].dims[3]
-    planner = BucketPlanner(model.signature, {width_axis: AxisPolicy(kind="dynamic", min=low, max=high)})
-    bucket = {"x": (1, 3, 48, symbolic_dim(width_axis, low, high))}
+    dims = model.signature.inputs[0].dims
+    step = 32 if det else 1
+    axes = [dims[2], dims[3]] if det else [dims[3]]
+    policy = AxisPolicy(kind="dynamic", min=low, max=high, step=step)
+    planner = BucketPlanner(model.signature, dict.fromkeys(axes, policy))
+    symbolic = [symbolic_dim(a, low, high, step) for a in axes]
+    bucket = {"x": (1, 3, *symbolic) if det else (1, 3, 48, *symbolic)}
+
+    def shape(size: int) -> tuple[int, ...]:
+        return (1, 3, size, size) if det else (1, 3, 48, size)
+
     ort = OrtEngine(model.data)
     with tempfile.TemporaryDirectory() as directory:
         store = ArtifactStore(Path(directory))
@@ -61,15 +74,16 @@ def main() -> int:
         if not outcome.manifest.verified:
             raise SystemExit(f"the dynamic kernel failed verification: {outcome.manifest.verification}")
         dynamic = open_kernel(model, outcome, store)
-        print(f"{cpu_name()}; dynamic kernel for W {low}..{high}: {outcome.manifest.compile_seconds:.1f} s")
-        print("| W | ORT ms | static ms | static compile s | dynamic ms | dynamic / static | dynamic / ORT |")
+        label = f"{args.model} {'HxW' if det else 'W'} {low}..{high}" + (f" in steps of {step}" if det else "")
+        print(f"{cpu_name()}; dynamic kernel for {label}: {outcome.manifest.compile_seconds:.1f} s")
+        print("| size | ORT ms | static ms | static compile s | dynamic ms | dynamic / static | dynamic / ORT |")
         print("|---|---|---|---|---|---|---|")
-        for width in args.widths:
-            static_outcome = compile_bucket(model, {"x": (1, 3, 48, width)}, target, store)
+        for size in sizes:
+            static_outcome = compile_bucket(model, {"x": shape(size)}, target, store)
             static = open_kernel(model, static_outcome, store)
-            x = {"x": np.random.default_rng(width).standard_normal((1, 3, 48, width), dtype=np.float32)}
+            x = {"x": np.random.default_rng(size).standard_normal(shape(size), dtype=np.float32)}
             ort_ms, static_ms, dynamic_ms = (median_ms(e, x, args.runs) for e in (ort, static, dynamic))
-            cells = [width, f"{ort_ms:.2f}", f"{static_ms:.2f}", f"{static_outcome.manifest.compile_seconds:.1f}"]
+            cells = [size, f"{ort_ms:.2f}", f"{static_ms:.2f}", f"{static_outcome.manifest.compile_seconds:.1f}"]
             cells += [f"{dynamic_ms:.2f}", f"**{dynamic_ms / static_ms:.2f}**", f"{dynamic_ms / ort_ms:.2f}"]
             print("| " + " | ".join(map(str, cells)) + " |", flush=True)
     return 0

@@ -153,9 +153,10 @@ def _pads_width(call: relax.Call) -> bool:
         return False
     width = out_shape.values[3]
     if not isinstance(width, tvm.tirx.IntImm):
-        # Only a width that is a var itself: for k * W (a detector's levels), the schedule's region
-        # analysis cannot prove the padded result covers the cut (min(2W, (W + 7) // 8 * 16) stays).
-        return isinstance(width, tvm.tirx.Var) and extent_bound(width) is not None
+        # Not a multiple k * W (a detector's levels): the schedule's region analysis cannot prove the padded
+        # result covers the cut (min(2W, (W + 7) // 8 * 16) stays), and such a width has few tails anyway.
+        multiple = tvm.sym.Analyzer().modular_set(width)
+        return int(multiple.coeff) <= 1 and extent_bound(width) is not None
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
     width = int(width)
     if width <= lanes:

@@ -178,9 +178,10 @@ class Contraction(SafeRule):
         if tile is not None:
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             _vectorize_tile(sch, epilogue, tile)
-        if info.vec in info.symbolic and info.multiple.get(info.vec, 1) % nr:
-            # A tile that may be the guarded tail: its accumulators are indexed within the tile, or the
-            # guard keeps the local buffer from being compacted (a whole row of them in memory: 2.5x).
+        if info.vec in info.symbolic and info.multiple.get(info.vec, 1) > 1 and info.multiple[info.vec] % nr:
+            # A k * W width (a detector's level, not padded: see legalize.py) whose last tile may be a guarded
+            # tail: its accumulators are indexed within the tile, or the guard keeps the local buffer from
+            # being compacted (a whole row of them in memory: 2.5x).
             position = info.spatial.index(info.vec)
             sch.transform_layout(
                 main,
