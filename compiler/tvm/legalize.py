@@ -154,7 +154,7 @@ def _pads_width(call: relax.Call) -> bool:
     width = out_shape.values[3]
     if not isinstance(width, tvm.tirx.IntImm):
         # Not a multiple k * W (a detector's levels): the schedule's region analysis cannot prove the padded
-        # result covers the cut (min(2W, (W + 7) // 8 * 16) stays), and such a width has few tails anyway.
+        # result covers the cut (min(2W, (W + 7) // 8 * 16) stays); its last tile keeps its guard (contraction.py).
         multiple = tvm.sym.Analyzer().modular_set(width)
         return int(multiple.coeff) <= 1 and extent_bound(width) is not None
     lanes = vector_lanes(tvm.target.Target.current(), "float32")
