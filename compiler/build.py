@@ -16,7 +16,7 @@ from .engines import TvmEngine
 from .errors import CompileTimeoutError
 from .model import LoadedModel
 from .options import BuildJob, CompileOptions, PrepareJob, read_source
-from .store import LIBRARY_NAME, ArtifactStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
+from .store import EXPLAIN_DIR, LIBRARY_NAME, ArtifactStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
 from .weights import load_weights
 from .worker import run_in_child
 
@@ -163,6 +163,8 @@ def compile_bucket(
                     index_limits=model.index_bounds.limits,
                     progress_path=progress_path,
                     verify_sizes=verify_sizes,
+                    explain_dir=str(staging / EXPLAIN_DIR) if options.explain else None,
+                    explain_code=options.explain_code,
                 )
                 facts = run_in_child(
                     builder,

@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time ONNX Runtime as the server runs it (no spinning threads) instead of with its own defaults",
     )
+    explain = commands.add_parser(
+        "explain",
+        help="compile each bucket afresh and write its explain bundle (IR per stage, kernels traced to nodes)",
+    )
+    _add_bucket_arguments(explain)
+    explain.add_argument("-o", "--output", required=True, help="directory to write one bundle per bucket into")
+    explain.add_argument("--no-code", action="store_true", help="leave the generated code out of the bundles")
     return parser
 
 
@@ -155,6 +162,41 @@ def _compile(args, settings) -> list[dict]:
     return results
 
 
+def _explain(args, settings) -> list[dict]:
+    """Compiles in a store of its own: a kernel reused from a store may have been built without a bundle."""
+    import shutil
+    import tempfile
+
+    from .buckets import bucket_label
+    from .build import compile_bucket
+    from .store import EXPLAIN_DIR, ArtifactStore
+
+    model, buckets, target, options, _ = _compile_context(args, settings)
+    options = options.model_copy(update={"explain": True, "explain_code": not args.no_code})
+    output = Path(args.output)
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        store = ArtifactStore(scratch)
+        for bucket in buckets:
+            outcome = compile_bucket(model, bucket, target, store, options)
+            label = bucket_label(outcome.manifest.bucket)
+            destination = output / "".join(c if c.isalnum() or c in "=x.-_@" else "_" for c in label)
+            shutil.rmtree(destination, ignore_errors=True)
+            shutil.copytree(Path(outcome.library_path).parent / EXPLAIN_DIR, destination)
+            report = json.loads((destination / "explain.json").read_text())
+            results.append(
+                {
+                    "bucket": label,
+                    "explain": str(destination),
+                    "kernels": len(report["kernels"]),
+                    "compute_coverage": report["compute_coverage"],
+                    "verified": outcome.manifest.verified,
+                    "compile_seconds": round(outcome.manifest.compile_seconds, 3),
+                }
+            )
+    return results
+
+
 def _bench(args, settings) -> list[dict]:
     from .bench import bench_bucket
 
@@ -193,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = CompileSettings()
-        command = {"inspect": _inspect, "compile": _compile, "bench": _bench}[args.command]
+        command = {"inspect": _inspect, "compile": _compile, "bench": _bench, "explain": _explain}[args.command]
         result = command(args, settings)
     except JitServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -201,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    # compile and bench print one JSON object per bucket, one per line.
+    # compile, bench and explain print one JSON object per bucket, one per line.
     for item in result if isinstance(result, list) else [result]:
         print(json.dumps(item, indent=None if isinstance(result, list) else 2))
     return 0

@@ -75,6 +75,12 @@ class CompileOptions(BaseModel):
     idle_priority: bool = Field(
         False, description="compile child in Linux's idle scheduling class: it runs on what serving leaves idle"
     )
+    explain: bool = Field(
+        True, description="write the bucket's explain bundle next to its kernel (not part of its key)"
+    )
+    explain_code: bool = Field(
+        False, description="put the generated code (assembly; CUDA source) in the bundle: a second codegen"
+    )
 
     @property
     def tier(self) -> str:
@@ -124,6 +130,10 @@ class BuildJob:
     """Where tuning writes its progress (``{"trials", "best_ms"}``) as it goes."""
     verify_sizes: dict[str, list[int]] | None = None
     """A symbolic bucket's named dim -> the sizes it is verified at (one kernel serves them all)."""
+    explain_dir: str | None = None
+    """Where to write the bucket's explain bundle (IR per stage, kernels traced to ONNX nodes)."""
+    explain_code: bool = False
+    """Whether the bundle holds the generated code too (assembly, CUDA source)."""
 
 
 @dataclass(frozen=True)

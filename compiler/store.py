@@ -38,6 +38,8 @@ from .tvm import COMPILER_VERSION
 from .weights import INDEX_NAME
 
 LIBRARY_NAME = "kernel.so"
+EXPLAIN_DIR = "explain"
+"""A kernel's explain bundle, beside it in its entry (not part of its key)."""
 MANIFEST_NAME = "manifest.json"
 
 
@@ -74,6 +76,9 @@ class Manifest(BaseModel):
     tuning: dict | None = None
     schedule_digest: str | None = None
     """sha256 of the kernel's scheduled TIR: the same for every compile that applied the same schedules."""
+    explain_coverage: dict | None = None
+    """The explain bundle's count of the graph's compute nodes (Conv, MatMul, ...) and of those traced to a
+    kernel; None without a bundle."""
 
 
 def artifact_key(

@@ -26,6 +26,7 @@ from ..memory import anonymous_resident_bytes
 from ..options import BuildJob, read_source
 from ..signature import fix_input_shapes
 from ..weights import GRAPH_NAME, load_weights
+from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
 from .tuning import open_shared_database, tune
@@ -59,6 +60,11 @@ def _last_line(exc: BaseException) -> str:
 
 
 def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[str, str]):
+    return import_with_provenance(model, bucket, dtypes)[0]
+
+
+def import_with_provenance(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[str, str]):
+    """The Relax module, and the importer's record of the ONNX node behind each binding."""
     # A named dim becomes one tirx.Var per name, shared by every input that has it (a plain string fails);
     # a dim with a step is ``step * var``, the var counting steps.
     variables = {d: tvm.tirx.Var(d, "int64") for shape in bucket.values() for d in shape if isinstance(d, str)}
@@ -71,10 +77,10 @@ def import_relax(model: onnx.ModelProto, bucket: dict[str, tuple], dtypes: dict[
 
     shapes = {name: [dim(d) for d in v] for name, v in bucket.items()}
     try:
-        mod = import_onnx(model, shape_dict=shapes, dtype_dict=dict(dtypes))
+        mod, importer = import_onnx(model, shape_dict=shapes, dtype_dict=dict(dtypes))
         # The weights are parameters, not inputs: tuning and LiftTransformParams read this attribute.
         mod["main"] = mod["main"].with_attr("num_input", len(bucket))
-        return read_steps(mod, steps)
+        return read_steps(mod, steps), importer
     except tvm.error.OpNotImplemented as exc:
         raise UnsupportedOperatorError(f"TVM cannot import this model: {_last_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - the importer raises many types
@@ -89,12 +95,14 @@ def compile_relax(
     observed: dict[str, str] | None = None,
     *,
     symbolic_bounds: dict[str, tuple[int, int]] | None = None,
+    snapshot=None,
 ):
     """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest;
-    ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with."""
+    ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with; ``snapshot``: called
+    with each stage's name and module (an explain bundle's record)."""
     target = tvm.target.Target(target_dict)
     try:
-        pipeline = build_pipeline(target, database, stage_seconds, observed, symbolic_bounds)
+        pipeline = build_pipeline(target, database, stage_seconds, observed, symbolic_bounds, snapshot=snapshot)
         return tvm.compile(mod, target, relax_pipeline=pipeline)
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
@@ -147,7 +155,7 @@ def build_and_verify(job: BuildJob) -> dict:
     specialized, simplified = specialize(graph, job.bucket, job.simplify)
     weight_names = weight_parameters(specialized, job.input_names, weights)
     clock.lap("simplify")
-    mod = import_relax(specialized, job.bucket, job.dtypes)
+    mod, importer = import_with_provenance(specialized, job.bucket, job.dtypes)
     clock.lap("import")
     facts = {"simplified": simplified, "weights": weight_names}
     if job.tune_trials:
@@ -169,11 +177,28 @@ def build_and_verify(job: BuildJob) -> dict:
         if sizes
     }
     database = open_shared_database(job.database_dir)
-    executable = compile_relax(mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds)
+    recorder = StageRecorder(mod) if job.explain_dir else None
+    executable = compile_relax(
+        mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder
+    )
     facts["schedule_digest"] = observed.get("schedule_digest")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")
+    if job.explain_dir:
+        explained = write_bundle(
+            job.explain_dir,
+            source=onnx.load_from_string(read_source(job.model_source)),
+            specialized=specialized,
+            importer=importer,
+            stages=recorder,
+            executable=executable,
+            bucket=job.bucket,
+            verify_sizes=job.verify_sizes,
+            code=job.explain_code,
+        )
+        facts["explain_coverage"] = explained["compute_coverage"]
+        clock.lap("explain")
     facts["compile_seconds"] = time.perf_counter() - started
     facts["compile_stages"] = clock.rounded()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import tvm
@@ -10,12 +12,52 @@ from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
 
 class Importer(ONNXGraphImporter):
-    """TVM's ONNX importer, where a symbolic dim must stay exact through every op."""
+    """TVM's ONNX importer, where a symbolic dim must stay exact through every op, and which records
+    the ONNX node each Relax binding came from (TVM's importer keeps no spans and drops node names).
+
+    Each node's tensor result is bound to a var named after the node (``conv12``: op type and position)
+    and every binding its converter emitted before that one belongs to the same node; the passes keep
+    binding names, so a fused kernel's bindings name the nodes it computes (:mod:`.explain`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.converted: list[tuple[str, str]] = []
+        """(op type, node name) of every node converted, in graph order."""
+        self.bound: dict[str, int] = {}
+        """A Relax var's name -> the index in ``converted`` of the node whose result it is."""
+        self._subgraphs = 0
 
     def _convert_operator(self, op_name: str, inputs: list, attrs: dict, opset: int):
         if op_name == "Resize":
             inputs = _integral_scales(inputs)
-        return super()._convert_operator(op_name, inputs, attrs, opset)
+        result = super()._convert_operator(op_name, inputs, attrs, opset)
+        index = len(self.converted)
+        self.converted.append((op_name, str(attrs.get("tvm_custom", {}).get("name", ""))))
+        name = f"{_identifier(op_name)}{index}"
+        if self._subgraphs == 0 and isinstance(result, relax.Tuple):  # several outputs (LayerNormalization)
+            result = relax.Tuple([self._bind(field, f"{name}_{k}", index) for k, field in enumerate(result.fields)])
+        elif self._subgraphs == 0:
+            result = self._bind(result, name, index)
+        return result
+
+    def _bind(self, value, name: str, index: int):
+        if isinstance(value, relax.Call) and isinstance(value.ty, relax.TensorType | relax.TupleType):
+            value = self.bb.emit(value, name_hint=name)
+        if isinstance(value, relax.Var):
+            self.bound.setdefault(value.name, index)
+        return value
+
+    def _convert_subgraph(self, bb, graph):
+        # A branch's bindings are its own block's: named as TVM names them.
+        self._subgraphs += 1
+        try:
+            return super()._convert_subgraph(bb, graph)
+        finally:
+            self._subgraphs -= 1
+
+
+def _identifier(op_type: str) -> str:
+    return re.sub(r"[^0-9a-zA-Z]+", "_", op_type).strip("_").lower() or "node"
 
 
 def _integral_scales(inputs: list) -> list:
@@ -31,10 +73,14 @@ def _integral_scales(inputs: list) -> list:
     return [*inputs[:2], relax.ShapeExpr([int(s) for s in scales]), *inputs[3:]]
 
 
-def import_onnx(model: onnx.ModelProto, shape_dict: dict[str, list], dtype_dict: dict[str, str]) -> tvm.IRModule:
-    """What ``tvm.relax.frontend.onnx.from_onnx`` does with its defaults, through :class:`Importer`."""
+def import_onnx(
+    model: onnx.ModelProto, shape_dict: dict[str, list], dtype_dict: dict[str, str]
+) -> tuple[tvm.IRModule, Importer]:
+    """What ``tvm.relax.frontend.onnx.from_onnx`` does with its defaults, through :class:`Importer`
+    (returned too: what it recorded of each node)."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    return Importer(shape_dict, dtype_dict).from_onnx(model.graph, opset)
+    importer = Importer(shape_dict, dtype_dict)
+    return importer.from_onnx(model.graph, opset), importer
 
 
 def read_steps(mod: tvm.IRModule, steps: list[tuple[tvm.tirx.Var, int]]) -> tvm.IRModule:

@@ -74,10 +74,15 @@ def build_pipeline(
     stage_seconds: dict[str, float] | None = None,
     observed: dict[str, str] | None = None,
     symbolic_bounds: SymbolicBounds | None = None,
+    *,
+    snapshot=None,
 ) -> tvm.transform.Pass:
     """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time and
     ``observed`` the ``schedule_digest`` of the scheduled module. ``symbolic_bounds``: the range of
-    each symbolic dim (the dynamic tier), which the CPU schedules plan their tiles and threads with."""
+    each symbolic dim (the dynamic tier), which the CPU schedules plan their tiles and threads with.
+    ``snapshot(stage, mod)`` (when given) is called after each stage, and after ``FuseOps`` alone
+    (``fuse_ops``): what an explain bundle shows and traces the kernels through. The module is
+    only borrowed: later stages may change it in place."""
     backend = _backend(target)
 
     def stages() -> list[tuple[str, list]]:
@@ -93,7 +98,14 @@ def build_pipeline(
     def run(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
         for name, passes in stages():
             started = time.perf_counter()
-            mod = tvm.transform.Sequential(passes)(mod)
+            rest = passes
+            if snapshot is not None and name == "fuse":
+                mod = passes[0](mod)  # FuseOps: its fused functions still list the bindings they hold
+                snapshot("fuse_ops", mod)
+                rest = passes[1:]
+            mod = tvm.transform.Sequential(rest)(mod)
+            if snapshot is not None:
+                snapshot(name, mod)
             if stage_seconds is not None:
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
             if name == "schedule" and observed is not None:

@@ -1,0 +1,182 @@
+"""What the compile did, for a bucket's explain bundle: which ONNX nodes each fused kernel computes.
+
+TVM's importer keeps no spans. :class:`.onnx_import.Importer` names each node's
+result binding after the node; this module follows those names through the
+pipeline's snapshots:
+
+- after legalization, every binding before a node's named one (the bindings
+  its converter and its lowering emitted) belongs to that node;
+- after ``FuseOps``, a fused function's inner bindings keep their names (its
+  output is renamed ``gv``: found as the binding of the same kernel that reads
+  one of the others), and a kernel left alone keeps its binding's name;
+- ``FuseTIR`` turns each fused function into the kernel of the same name.
+
+Runs in the compile child only (imports TVM).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+
+@dataclass(frozen=True)
+class _Binding:
+    name: str
+    callee: str | None  # the kernel or fused function called, or the op
+    reads: tuple[str, ...]  # names of the vars it reads
+
+
+def _callee(value) -> str | None:
+    if not isinstance(value, relax.Call):
+        return None
+    op = value.op
+    name = getattr(op, "name_hint", None) or getattr(op, "name", None)
+    if name == "relax.call_tir" and value.args:
+        return getattr(value.args[0], "name_hint", None)
+    return name
+
+
+def _reads(value) -> tuple[str, ...]:
+    if not isinstance(value, relax.Call):
+        return ()
+    names = []
+    for arg in value.args:
+        items = arg.fields if isinstance(arg, relax.Tuple) else [arg]
+        names += [item.name for item in items if isinstance(item, relax.Var)]
+    return tuple(names)
+
+
+def bindings(func: relax.Function) -> list[_Binding]:
+    return [
+        _Binding(b.var.name, _callee(b.value), _reads(b.value)) for block in func.body.blocks for b in block.bindings
+    ]
+
+
+def binding_nodes(legalized: list[_Binding], bound: dict[str, int]) -> dict[str, int]:
+    """Each binding of the legalized ``main`` -> the node it computes: a node's named binding, and
+    every unnamed binding before it that no earlier node claimed."""
+    owners: dict[str, int] = {}
+    pending: list[str] = []
+    for binding in legalized:
+        pending.append(binding.name)
+        if binding.name in bound:
+            owners.update(dict.fromkeys(pending, bound[binding.name]))
+            pending = []
+    return owners
+
+
+class StageRecorder:
+    """The pipeline's ``snapshot``: each stage's IR as text, and the bindings the kernel map reads, taken
+    when the stage ends (later stages change modules in place)."""
+
+    def __init__(self, imported: tvm.IRModule) -> None:
+        self.texts: dict[str, str] = {"import": imported.script()}
+        self.legalized: list[_Binding] = []
+        self.fused_main: list[_Binding] = []
+        self.fused_functions: dict[str, list[_Binding]] = {}
+
+    def __call__(self, stage: str, mod: tvm.IRModule) -> None:
+        self.texts[stage] = mod.script()
+        if stage == "legalize":
+            self.legalized = bindings(mod["main"])
+        elif stage == "fuse_ops":
+            self.fused_main = bindings(mod["main"])
+            self.fused_functions = {
+                gv.name_hint: bindings(f)
+                for gv, f in mod.functions.items()
+                if isinstance(f, relax.Function) and gv.name_hint != "main"
+            }
+
+
+def kernel_nodes(stages: StageRecorder, bound: dict[str, int]) -> dict[str, list[int]]:
+    """Each kernel (a fused function's name, or a kernel called as it was lowered) -> the nodes it computes,
+    over all its call sites.
+
+    ``FuseOps`` keeps the bindings' order and one fused function serves every group of the same
+    structure, so each call site claims, for each kernel its function calls, the earliest legalized
+    binding of that kernel not claimed yet; a claimed binding's node is the call site's."""
+    owners = binding_nodes(stages.legalized, bound)
+    legal = stages.legalized
+    claimed = [False] * len(legal)
+    found: dict[str, set[int]] = defaultdict(set)
+    for call in stages.fused_main:
+        if call.callee is None:
+            continue
+        inner = stages.fused_functions.get(call.callee)
+        for callee in [b.callee for b in inner if b.callee] if inner is not None else [call.callee]:
+            position = next((i for i, b in enumerate(legal) if not claimed[i] and b.callee == callee), None)
+            if position is None:
+                continue
+            claimed[position] = True
+            if legal[position].name in owners:
+                found[call.callee].add(owners[legal[position].name])
+    return {kernel: sorted(nodes) for kernel, nodes in found.items()}
+
+
+COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "MatMulInteger", "QLinearConv"})
+"""ONNX ops that hold a model's arithmetic: what every kernel map must account for."""
+
+FILE_CAP_BYTES = 4 << 20
+"""An IR or code file is cut at this size (the cut says so): a bundle is for reading, not archiving."""
+
+
+def _histogram(graph) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for node in graph.node:
+        counts[node.op_type] += 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _write_capped(path, text: str) -> dict:
+    data = text.encode()
+    cut = len(data) > FILE_CAP_BYTES
+    if cut:
+        data = data[:FILE_CAP_BYTES] + f"\n... cut at {FILE_CAP_BYTES} of {len(data)} bytes\n".encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return {"file": str(path.relative_to(path.parents[1])), "bytes": len(text.encode()), "cut": cut}
+
+
+def write_bundle(directory, *, source, specialized, importer, stages, executable, bucket, verify_sizes, code=False):
+    """Write the explain bundle of one compiled bucket into ``directory`` (no weights: IR prints no
+    constants' values, and the graph summaries are op counts)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    ir = {name: _write_capped(root / "ir" / f"{name}.txt", text) for name, text in stages.texts.items()}
+    generated = {}
+    for module in executable.mod.imports if code else []:
+        kind = "cuda" if module.kind == "cuda" else "asm"
+        generated[module.kind] = _write_capped(
+            root / "code" / f"{module.kind}.{'cu' if kind == 'cuda' else 's'}", module.inspect_source(kind)
+        )
+    kernels = kernel_nodes(stages, importer.bound)
+    nodes = [{"index": i, "op": op, "name": name} for i, (op, name) in enumerate(importer.converted)]
+    mapped = {i for found in kernels.values() for i in found}
+    compute = [n for n in nodes if n["op"] in COMPUTE_OPS]
+    report = {
+        "bucket": {k: list(v) for k, v in bucket.items()},
+        "verify_sizes": verify_sizes,
+        "graph": {
+            "opset": next((o.version for o in source.opset_import if o.domain in ("", "ai.onnx")), None),
+            "nodes": len(source.graph.node),
+            "ops": _histogram(source.graph),
+            "after_specialization": {"nodes": len(specialized.graph.node), "ops": _histogram(specialized.graph)},
+        },
+        "nodes": nodes,
+        "kernels": [
+            {"name": name, "nodes": found, "ops": sorted({importer.converted[i][0] for i in found})}
+            for name, found in sorted(kernels.items())
+        ],
+        "not_in_a_kernel": [n for n in nodes if n["index"] not in mapped],
+        "compute_coverage": {"compute_nodes": len(compute), "in_a_kernel": sum(n["index"] in mapped for n in compute)},
+        "ir": ir,
+        "code": generated,
+    }
+    (root / "explain.json").write_text(json.dumps(report, indent=1))
+    return report
