@@ -6,9 +6,9 @@ pipeline's snapshots:
 
 - after legalization, every binding before a node's named one (the bindings
   its converter and its lowering emitted) belongs to that node;
-- after ``FuseOps``, a fused function's inner bindings keep their names (its
-  output is renamed ``gv``: found as the binding of the same kernel that reads
-  one of the others), and a kernel left alone keeps its binding's name;
+- ``FuseOps`` keeps the bindings' order, and one fused function serves every
+  group of the same structure: each call site claims, for each kernel its
+  function calls, the earliest legalized binding of that kernel not claimed;
 - ``FuseTIR`` turns each fused function into the kernel of the same name.
 
 Runs in the compile child only (imports TVM).
@@ -29,7 +29,6 @@ from tvm import relax
 class _Binding:
     name: str
     callee: str | None  # the kernel or fused function called, or the op
-    reads: tuple[str, ...]  # names of the vars it reads
 
 
 def _callee(value) -> str | None:
@@ -42,20 +41,8 @@ def _callee(value) -> str | None:
     return name
 
 
-def _reads(value) -> tuple[str, ...]:
-    if not isinstance(value, relax.Call):
-        return ()
-    names = []
-    for arg in value.args:
-        items = arg.fields if isinstance(arg, relax.Tuple) else [arg]
-        names += [item.name for item in items if isinstance(item, relax.Var)]
-    return tuple(names)
-
-
 def bindings(func: relax.Function) -> list[_Binding]:
-    return [
-        _Binding(b.var.name, _callee(b.value), _reads(b.value)) for block in func.body.blocks for b in block.bindings
-    ]
+    return [_Binding(b.var.name, _callee(b.value)) for block in func.body.blocks for b in block.bindings]
 
 
 def binding_nodes(legalized: list[_Binding], bound: dict[str, int]) -> dict[str, int]:

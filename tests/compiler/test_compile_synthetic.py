@@ -38,7 +38,7 @@ def test_the_manifest_times_every_stage(store):
     stages = manifest.compile_stages
     assert list(stages) == [
         "load", "simplify", "import", "dispatch", "legalize", "fold_constants", "fuse",
-        "apply_tuning_records", "schedule", "lower", "codegen", "export", "verify",
+        "apply_tuning_records", "schedule", "lower", "codegen", "export", "explain", "verify",
     ]  # fmt: skip
     assert all(seconds >= 0 for seconds in stages.values())
     assert stages["codegen"] > 0 and stages["export"] > 0  # LLVM and the linker did run
