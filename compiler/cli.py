@@ -180,7 +180,7 @@ def _explain(args, settings) -> list[dict]:
         for bucket in buckets:
             outcome = compile_bucket(model, bucket, target, store, options)
             label = bucket_label(outcome.manifest.bucket)
-            destination = output / "".join(c if c.isalnum() or c in "=x.-_@" else "_" for c in label)
+            destination = output / "".join(c if c.isalnum() or c in "=.-_@" else "_" for c in label)
             shutil.rmtree(destination, ignore_errors=True)
             shutil.copytree(Path(outcome.library_path).parent / EXPLAIN_DIR, destination)
             report = json.loads((destination / "explain.json").read_text())

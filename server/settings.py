@@ -98,6 +98,10 @@ class Settings(CompileSettings):
     compile_retry_seconds: float = Field(30.0, gt=0)
     """Wait before the first retry of a failed compile; it doubles for each retry after."""
 
+    explain_bundles: bool = True
+    """Write each compiled bucket's explain bundle beside its kernel (IR per stage, kernels traced to ONNX
+    nodes; no generated code): 1.3-2.3 s of a PP-OCR compile of 8-12 s. Off: kernels come without one."""
+
     compile_nice: int = Field(10, ge=0, le=19)
     """Niceness of compile children: below serving, so a compile takes only what requests leave. 19 for
     the least share; tuning children always run at idle priority."""

@@ -185,10 +185,11 @@ def build_and_verify(job: BuildJob) -> dict:
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")
+    source = read_source(job.model_source)  # the bundle's summary and verification's reference: read once
     if job.explain_dir:
         explained = write_bundle(
             job.explain_dir,
-            source=onnx.load_from_string(read_source(job.model_source)),
+            source=onnx.load_from_string(source),
             specialized=specialized,
             importer=importer,
             stages=recorder,
@@ -225,7 +226,7 @@ def build_and_verify(job: BuildJob) -> dict:
     held = sum(a.nbytes for _, ins, outs in runs for a in (*ins.values(), *outs.values()))
     grown = anonymous_resident_bytes() - anonymous_before - held
     facts["workspace_bytes"] = max(grown, 0) if device == "llvm" else None
-    reference = OrtEngine(read_source(job.model_source), cuda=on_cuda)
+    reference = OrtEngine(source, cuda=on_cuda)
     verdicts = [
         (where, compare_outputs(outputs, reference.run(inputs), job.rtol, job.atol)) for where, inputs, outputs in runs
     ]

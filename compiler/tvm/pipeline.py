@@ -104,7 +104,7 @@ def build_pipeline(
                 snapshot("fuse_ops", mod)
                 rest = passes[1:]
             mod = tvm.transform.Sequential(rest)(mod)
-            if snapshot is not None:
+            if snapshot is not None and passes:  # a stage without passes left the module as it was
                 snapshot(name, mod)
             if stage_seconds is not None:
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started

@@ -243,6 +243,7 @@ class Admission:
             database_dir=str(self.tuning_database_dir),
             nice=s.compile_nice,
             idle_priority=s.compile_idle_priority,
+            explain=s.explain_bundles,
         )
 
     def _target(self, config: ModelConfig) -> dict:

@@ -112,8 +112,7 @@ class CompileAdmission:
         if bucket.first_seen is not None and now - bucket.first_seen < SETTLE_SECONDS:
             return True
         # Without the lock: the scheduler asks under its own, and consider() takes them the other way round.
-        recent = sum(1 for seen in tuple(served.new_buckets) if now - seen <= self.window)
-        return recent > self.settings.storm_new_buckets
+        return self._is_storm(sum(1 for seen in tuple(served.new_buckets) if now - seen <= self.window))
 
     def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
@@ -214,9 +213,12 @@ class CompileAdmission:
     def _storm(self, served: ServedModel, now: float) -> tuple[int, bool]:
         """(new buckets within the window, whether that makes a storm); keeps the gauge true."""
         new_buckets = self._recent(served.new_buckets, now)
-        storm = new_buckets > self.settings.storm_new_buckets
+        storm = self._is_storm(new_buckets)
         self.metrics.set_shape_storm(model=served.name, storm=storm)
         return new_buckets, storm
+
+    def _is_storm(self, new_buckets: int) -> bool:
+        return new_buckets > self.settings.storm_new_buckets
 
     def _note_new_bucket(self, served: ServedModel, now: float) -> None:
         served.new_buckets.append(now)

@@ -7,9 +7,12 @@ an axis gets a symbolic kernel per 4x range of the sizes its traffic shows."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from compiler.engines import OrtEngine
+from compiler.store import EXPLAIN_DIR, ArtifactStore
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import settled_bucket, upload
@@ -53,6 +56,12 @@ def test_one_symbolic_kernel_serves_every_width_of_its_range(tmp_path):
                 assert predict(client, width)["bucket"] == f"x=1x8x{width}"
             labels = {b["bucket"] for b in client.get("/models/m").json()["buckets"]}
             assert labels == {label, "x=1x8x7", "x=1x8x257"}
+            store = ArtifactStore(tmp_path / "data" / "kernels")
+            keys = list(store.keys())  # the store's entries (it is no mapping)
+            bundles = [store.path(key) / EXPLAIN_DIR / "explain.json" for key in keys]
+            assert bundles and all(path.is_file() for path in bundles)  # every compile explained by default
+            explained = [json.loads(path.read_text())["bucket"] for path in bundles]
+            assert {"x": [1, 8, "W@8..256"]} in explained
             text = client.get("/metrics").text
             assert metric_value(text, "jitserve_compiles_total", model="m", tier="tvm-dynamic", outcome="ok") == 1
             assert metric_value(text, "jitserve_dynamic_requests_total", model="m", engine="onnxruntime") == 1
@@ -92,7 +101,7 @@ def test_a_stepped_dynamic_axis_serves_a_detector_neck_at_every_multiple(tmp_pat
     model = synthetic.fpn_model()
     reference = OrtEngine(model)
     policy = {"kind": "dynamic", "min": 32, "max": 96, "step": 4}
-    server = ServerProcess(tmp_path / "data", tuning_enabled=False, routing="compiled").start()
+    server = ServerProcess(tmp_path / "data", tuning_enabled=False, routing="compiled", explain_bundles=False).start()
     try:
         with server.client() as client:
             assert upload(client, "neck", model, {"axes": {"h": policy, "w": policy}}).status_code == 201
@@ -116,5 +125,9 @@ def test_a_stepped_dynamic_axis_serves_a_detector_neck_at_every_multiple(tmp_pat
             refused = infer(38, 44)  # 38 / 2 = 19, / 2 = 10, x 2 = 20: the Add cannot take it
             assert refused.status_code == 400, refused.text
             assert "cannot run the model on this input's shape (Add node)" in refused.json()["error"]
+            store = ArtifactStore(tmp_path / "data" / "kernels")
+            keys = list(store.keys())  # the store's entries (it is no mapping)
+            entries = [store.path(key) for key in keys]
+            assert entries and not any((entry / EXPLAIN_DIR).exists() for entry in entries)  # turned off
     finally:
         server.stop()
