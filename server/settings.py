@@ -158,6 +158,12 @@ class Settings(CompileSettings):
     model, ONNX Runtime's session being built) is refused with 507 instead of the server being killed for
     memory later. 0: no check."""
 
+    malloc_mmap_threshold_bytes: int = Field(1024 * 1024, ge=0)
+    """Blocks this large or larger are mapped on their own and go back to the system when freed (glibc's
+    ``M_MMAP_THRESHOLD``), so a deleted model's memory is handed back instead of staying in the heap
+    between live blocks. Requests with tensors past it pay a fresh mapping per tensor (about 0.4 ms a
+    MiB). 0: glibc's moving threshold."""
+
     kernel_store_bytes: int = Field(10 * 1024**3, ge=0)
     """Budget of the artifact store on disk (kernels and each model version's prepared weights). Past it a
     sweep removes kernels and weights of deleted models and superseded versions first, then the least

@@ -13,8 +13,6 @@ An evicted kernel stays in the artifact store: needing it again is a reload
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import threading
 import weakref
 from collections import OrderedDict
@@ -161,17 +159,6 @@ class WeightPool:
     def total_bytes(self) -> int:
         with self._lock:
             return sum(weights.nbytes for weights in self._loaded.values())
-
-
-_libc = ctypes.CDLL(None)
-
-
-def return_memory() -> None:
-    """Hand freed memory back to the system: glibc keeps freed heap pages (and arenas) otherwise."""
-    gc.collect()
-    trim = getattr(_libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 class Kernels:

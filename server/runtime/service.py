@@ -27,12 +27,13 @@ from compiler.worker import stop_children
 
 from ..settings import Settings
 from .admission import Admission
+from .allocator import fix_mmap_threshold, return_memory
 from .batcher import DynamicBatcher, DynamicBatching
 from .bodies import BodyBudget, JsonParsers
 from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
 from .inference import Inference, Job, Prediction
-from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine, return_memory
+from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .memory_guard import MemoryGuard
 from .metrics import Metrics
 from .records import ModelStore
@@ -67,6 +68,7 @@ class ModelService:
         """``compile_function`` and ``open_engine`` default to the real compiler and TVM; tests pass fakes."""
         self.settings = settings
         self.metrics = metrics
+        fix_mmap_threshold(settings.malloc_mmap_threshold_bytes)
         kernel_threads = apply_thread_plan(settings.kernel_threads, spinning=settings.ort_spinning)
         self.models_store = ModelStore(settings.model_store_dir)
         self.artifacts = ArtifactStore(settings.kernel_store_dir)
