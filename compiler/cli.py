@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_bucket_arguments(explain)
     explain.add_argument("-o", "--output", required=True, help="directory to write one bundle per bucket into")
     explain.add_argument("--no-code", action="store_true", help="leave the generated code out of the bundles")
+    explain.add_argument(
+        "--no-profile", action="store_true", help="leave out the per-kernel time profile against ONNX Runtime"
+    )
+    explain.add_argument("--runs", type=int, default=10, help="timed runs per engine for the profile")
     return parser
 
 
@@ -169,6 +173,7 @@ def _explain(args, settings) -> list[dict]:
 
     from .buckets import bucket_label
     from .build import compile_bucket
+    from .explain_report import write_html
     from .store import EXPLAIN_DIR, ArtifactStore
 
     model, buckets, target, options, _ = _compile_context(args, settings)
@@ -177,24 +182,49 @@ def _explain(args, settings) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         store = ArtifactStore(scratch)
-        for bucket in buckets:
+        for bucket, given in zip(buckets, _group_buckets(args.shape), strict=True):
             outcome = compile_bucket(model, bucket, target, store, options)
             label = bucket_label(outcome.manifest.bucket)
             destination = output / "".join(c if c.isalnum() or c in "=.-_@" else "_" for c in label)
             shutil.rmtree(destination, ignore_errors=True)
             shutil.copytree(Path(outcome.library_path).parent / EXPLAIN_DIR, destination)
             report = json.loads((destination / "explain.json").read_text())
-            results.append(
-                {
-                    "bucket": label,
-                    "explain": str(destination),
-                    "kernels": len(report["kernels"]),
-                    "compute_coverage": report["compute_coverage"],
-                    "verified": outcome.manifest.verified,
-                    "compile_seconds": round(outcome.manifest.compile_seconds, 3),
-                }
-            )
+            result = {
+                "bucket": label,
+                "explain": str(destination),
+                "kernels": len(report["kernels"]),
+                "compute_coverage": report["compute_coverage"],
+                "verified": outcome.manifest.verified,
+                "compile_seconds": round(outcome.manifest.compile_seconds, 3),
+            }
+            if not args.no_profile and outcome.manifest.verified:
+                joined = _profile_explained(
+                    model, outcome, store, destination, report, shapes=dict(given), runs=args.runs
+                )
+                result |= {"tvm_run_ms": joined["tvm"]["run_ms"], "ort_run_ms": joined["onnxruntime"]["run_ms"],
+                           "accounted": joined["accounted"]}  # fmt: skip
+            write_html(destination, command=["python -m compiler", *sys.argv[1:]])
+            results.append(result | {"report": str(destination / "index.html")})
     return results
+
+
+def _profile_explained(model, outcome, store, destination, report, *, shapes, runs) -> dict:
+    """Each kernel's time beside ONNX Runtime's on the same nodes, at the shape given (a dynamic bucket
+    runs it unpadded), into the bundle."""
+    from .arrays import random_inputs
+    from .build import open_kernel
+    from .explain_profile import profile_bucket, write_profile
+
+    concrete = {
+        name: tuple(d if isinstance(d, int) else shapes[name][i] for i, d in enumerate(dims))
+        for name, dims in outcome.manifest.bucket.items()
+    }
+    dtypes = {spec.name: spec.dtype for spec in model.signature.inputs}
+    inputs = random_inputs(concrete, dtypes, 1, model.index_bounds.limits)
+    engine = open_kernel(model, outcome, store, outcome.manifest.target["kind"])
+    joined, profiles = profile_bucket(report, engine, model.data, inputs, runs=runs)
+    write_profile(destination, report, joined, profiles)
+    return joined
 
 
 def _bench(args, settings) -> list[dict]:

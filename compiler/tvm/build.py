@@ -24,8 +24,10 @@ from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
 from ..memory import anonymous_resident_bytes
 from ..options import BuildJob, read_source
+from ..profile import named_nodes
 from ..signature import fix_input_shapes
 from ..weights import GRAPH_NAME, load_weights
+from . import COMPILER_VERSION
 from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
@@ -38,8 +40,10 @@ def specialize(model: onnx.ModelProto, bucket: dict[str, tuple], simplify: bool)
     Returns the model and whether onnxsim simplified it; a model onnxsim
     cannot handle is still tried with only its shapes fixed. A symbolic bucket's
     dims are written into the model first and onnxsim folds what the fixed dims
-    determine (PP-OCR rec's Shape -> Concat -> Reshape chains become constants).
+    determine (PP-OCR rec's Shape -> Concat -> Reshape chains become constants). Unnamed nodes are named
+    first (in place), as ONNX Runtime's profile will know them: onnxsim would name them its own way.
     """
+    named_nodes(model)
     fixed = fix_input_shapes(model, bucket)
     if simplify:
         try:
@@ -197,6 +201,14 @@ def build_and_verify(job: BuildJob) -> dict:
             bucket=job.bucket,
             verify_sizes=job.verify_sizes,
             code=job.explain_code,
+            stamp={
+                "compiler_version": COMPILER_VERSION,
+                "tvm": tvm.__version__,
+                "onnx": onnx.__version__,
+                "onnxsim": onnxsim.__version__,
+                "target": job.target,
+                "simplified": simplified,
+            },
         )
         facts["explain_coverage"] = explained["compute_coverage"]
         clock.lap("explain")

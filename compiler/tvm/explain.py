@@ -130,7 +130,9 @@ def _write_capped(path, text: str) -> dict:
     return {"file": str(path.relative_to(path.parents[1])), "bytes": len(text.encode()), "cut": cut}
 
 
-def write_bundle(directory, *, source, specialized, importer, stages, executable, bucket, verify_sizes, code=False):
+def write_bundle(
+    directory, *, source, specialized, importer, stages, executable, bucket, verify_sizes, code=False, stamp=None
+):
     """Write the explain bundle of one compiled bucket into ``directory`` (no weights: IR prints no
     constants' values, and the graph summaries are op counts)."""
     root = Path(directory)
@@ -143,10 +145,12 @@ def write_bundle(directory, *, source, specialized, importer, stages, executable
             root / "code" / f"{module.kind}.{'cu' if kind == 'cuda' else 's'}", module.inspect_source(kind)
         )
     kernels = kernel_nodes(stages, importer.bound)
-    nodes = [{"index": i, "op": op, "name": name} for i, (op, name) in enumerate(importer.converted)]
+    nodes = [{"index": i, "op": op, "name": name, "outputs": outputs}
+             for i, (op, name, outputs) in enumerate(importer.converted)]  # fmt: skip
     mapped = {i for found in kernels.values() for i in found}
     compute = [n for n in nodes if n["op"] in COMPUTE_OPS]
     report = {
+        "stamp": stamp or {},
         "bucket": {k: list(v) for k, v in bucket.items()},
         "verify_sizes": verify_sizes,
         "graph": {
