@@ -16,14 +16,18 @@ import json
 import os
 import tempfile
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from .engines import OrtEngine
+from .arrays import random_inputs
+from .engines import OrtEngine, TvmEngine
+from .options import read_source
 from .profile import Profile, compare_by_class, kernel_profile, named_nodes, ort_profile
 from .timing import median_latencies_ms
+from .weights import load_weights
 
 PROFILE_FILE = "profile.json"
 TRACE_DIR = "trace"
@@ -60,18 +64,30 @@ def _node_matcher(report: dict, source: onnx.GraphProto):
 
     ONNX Runtime runs the uploaded graph: its node is a source node by name or by an output (a
     blocked-layout node is named after its output, ``conv1_out_nchwc``), else the longest of those it
-    starts with (a node fused into another). A source node that specialization folded away (a
-    BatchNormalization folded into its conv) stands for the node that made its first input."""
+    starts with (a node fused into another). A source node is the compiled node of its name or of one
+    of its outputs, else the one reading the same weight (a MatMul and Add that became a Gemm); one that
+    specialization folded away (a BatchNormalization folded into its conv) stands for the node that
+    made its first input."""
     compiled = {node["name"]: node["index"] for node in report["nodes"] if node["name"]}
+    compiled |= {output: node["index"] for node in report["nodes"] for output in node.get("outputs", [])}
+    weights = {init.name for init in source.initializer}
+    # A weight is read by the node that computes with it, under whatever name specialization gave the node.
+    reader = {name: node["index"] for node in report["nodes"] for name in node.get("inputs", []) if name in weights}
     producer = {output: node for node in source.node for output in node.output}
+
+    def compiled_index(node) -> int | None:
+        named = (compiled[key] for key in (node.name, *node.output) if key in compiled)
+        return next(named, next((reader[name] for name in node.input if name in reader), None))
+
     keys: dict[str, int] = {}
     for node in source.node:
         walked, hops = node, 0
-        while walked is not None and walked.name not in compiled and walked.input and hops < 8:
+        while walked is not None and compiled_index(walked) is None and walked.input and hops < 8:
             walked, hops = producer.get(walked.input[0]), hops + 1
-        if walked is not None and walked.name in compiled:
+        index = compiled_index(walked) if walked is not None else None
+        if index is not None:
             for key in (node.name, *node.output):
-                keys.setdefault(key, compiled[walked.name])
+                keys.setdefault(key, index)
     by_length = sorted(keys, key=len, reverse=True)
 
     def node_of(event_name: str) -> int | None:
@@ -171,3 +187,38 @@ def write_profile(directory: Path, report: dict, joined: dict, profiles: dict[st
     for engine, profile in profiles.items():
         _write_atomically(directory / TRACE_DIR / f"{engine}.json", json.dumps(chrome_trace(profile, report)))
     _write_atomically(directory / PROFILE_FILE, json.dumps(joined, indent=1))
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """A stored kernel profiled in a child (:func:`profile_stored`), its result written into its bundle."""
+
+    model_source: bytes | str
+    library: str
+    weights_dir: str
+    weight_names: list[str]
+    input_names: list[str]
+    output_names: list[str]
+    shapes: dict[str, list[int]]
+    dtypes: dict[str, str]
+    index_limits: dict[str, int]
+    explain_dir: str
+    runs: int = 10
+    threads: int | None = None
+    device: str = "llvm"
+
+
+def profile_stored(job: ProfileJob) -> dict:
+    """Load the kernel with its weights and ONNX Runtime's session, time both, write ``profile.json`` and
+    the traces into the bundle; returns the profile."""
+    directory = Path(job.explain_dir)
+    report = json.loads((directory / "explain.json").read_text())
+    weights = load_weights(Path(job.weights_dir))
+    engine = TvmEngine(job.library, job.input_names, job.output_names, device=job.device,
+                       weights=[weights[name] for name in job.weight_names])  # fmt: skip
+    inputs = random_inputs({k: tuple(v) for k, v in job.shapes.items()}, job.dtypes, 1, job.index_limits)
+    joined, profiles = profile_bucket(
+        report, engine, read_source(job.model_source), inputs, runs=job.runs, threads=job.threads
+    )
+    write_profile(directory, report, joined, profiles)
+    return joined

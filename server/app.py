@@ -17,6 +17,7 @@ from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 from compiler.errors import JitServeError
 
 from .auth import check_exposure
+from .explain_routes import router as explain_router
 from .hot_routes import HotRoutes
 from .openapi import finish_openapi
 from .routes import router
@@ -53,6 +54,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.service = service
     app.include_router(router)
+    app.include_router(explain_router)
     app.include_router(v2_router)
     app.add_middleware(HotRoutes, error_response=error_response)
     finish_openapi(app)

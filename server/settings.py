@@ -158,6 +158,10 @@ class Settings(CompileSettings):
     model, ONNX Runtime's session being built) is refused with 507 instead of the server being killed for
     memory later. 0: no check."""
 
+    explain_profile_seconds: float = Field(120.0, gt=0)
+    """An explain profile (``POST /models/{name}/buckets/{bucket}/explain/profile``) is stopped past this:
+    its child loads the kernel and an ONNX Runtime session and times both, at a compile's priority."""
+
     malloc_mmap_threshold_bytes: int = Field(1024 * 1024, ge=0)
     """Blocks this large or larger are mapped on their own and go back to the system when freed (glibc's
     ``M_MMAP_THRESHOLD``), so a deleted model's memory is handed back instead of staying in the heap

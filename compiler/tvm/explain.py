@@ -145,8 +145,8 @@ def write_bundle(
             root / "code" / f"{module.kind}.{'cu' if kind == 'cuda' else 's'}", module.inspect_source(kind)
         )
     kernels = kernel_nodes(stages, importer.bound)
-    nodes = [{"index": i, "op": op, "name": name, "outputs": outputs}
-             for i, (op, name, outputs) in enumerate(importer.converted)]  # fmt: skip
+    nodes = [{"index": i, "op": op, "name": name, "inputs": inputs, "outputs": outputs}
+             for i, (op, name, inputs, outputs) in enumerate(importer.converted)]  # fmt: skip
     mapped = {i for found in kernels.values() for i in found}
     compute = [n for n in nodes if n["op"] in COMPUTE_OPS]
     report = {

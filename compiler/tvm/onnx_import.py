@@ -21,10 +21,10 @@ class Importer(ONNXGraphImporter):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.converted: list[tuple[str, str, list[str]]] = []
-        """(op type, node name, output names) of every node converted, in graph order; an unnamed node is
-        named by its first output."""
-        self._outputs: list[str] = []
+        self.converted: list[tuple[str, str, list[str], list[str]]] = []
+        """(op type, node name, input names, output names) of every node converted, in graph order; an
+        unnamed node is named by its first output."""
+        self._node_io: tuple[list[str], list[str]] = ([], [])
         self.bound: dict[str, int] = {}
         """A Relax var's name -> the index in ``converted`` of the node whose result it is."""
         self._subgraphs = 0
@@ -34,7 +34,7 @@ class Importer(ONNXGraphImporter):
             inputs = _integral_scales(inputs)
         result = super()._convert_operator(op_name, inputs, attrs, opset)
         index = len(self.converted)
-        self.converted.append((op_name, str(attrs.get("tvm_custom", {}).get("name", "")), self._outputs))
+        self.converted.append((op_name, str(attrs.get("tvm_custom", {}).get("name", "")), *self._node_io))
         name = f"{_identifier(op_name)}{index}"
         if self._subgraphs == 0 and isinstance(result, relax.Tuple):  # several outputs (LayerNormalization)
             result = relax.Tuple([self._bind(field, f"{name}_{k}", index) for k, field in enumerate(result.fields)])
@@ -48,7 +48,7 @@ class Importer(ONNXGraphImporter):
         name = super()._parse_value_proto(value_proto)
         if not isinstance(value_proto, onnx.NodeProto):
             return name
-        self._outputs = list(value_proto.output)  # the node _convert_operator is about to get
+        self._node_io = (list(value_proto.input), list(value_proto.output))  # for _convert_operator, next
         return name or (value_proto.output[0] if value_proto.output else "")
 
     def _bind(self, value, name: str, index: int):

@@ -14,12 +14,15 @@ import onnx
 import onnxsim
 from onnx import numpy_helper
 
+from ..profile import named_nodes
 from ..weights import constant_value, is_weight, save_prepared
 
 
 def fold_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnxsim over the model as uploaded (shapes symbolic): what depends on the weights alone is
-    computed once here instead of in every kernel run. A model onnxsim cannot handle is kept as it is."""
+    computed once here instead of in every kernel run. A model onnxsim cannot handle is kept as it is.
+    Unnamed nodes are named first, as ONNX Runtime's profile knows them (onnxsim names them its own way)."""
+    named_nodes(model)
     try:
         folded, ok = onnxsim.simplify(model)
     except Exception:  # noqa: BLE001 - onnxsim raises anything

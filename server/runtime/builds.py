@@ -5,6 +5,7 @@ refuse what did not verify."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from compiler.build import CompileOutcome, compile_bucket
 from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeError
 from compiler.options import CompileOptions
-from compiler.target import target_kind
+from compiler.store import COMPILER_VERSION
+from compiler.target import canonical_target, target_kind
 
 from ..settings import Settings
 from .kernel_cache import Kernels
@@ -21,7 +23,7 @@ from .metrics import Metrics
 from .progress import TuningWatch
 from .registry import ServedModel
 from .router import Router
-from .state import BucketState, ServedBucket, TuningState, TuningStatus
+from .state import BucketState, CompileEvent, ServedBucket, TuningState, TuningStatus
 
 log = logging.getLogger("jitserve")
 
@@ -110,6 +112,8 @@ class BucketBuilder:
             return
         outcome = built.outcome
         bucket.compiled(outcome.manifest.compile_seconds)
+        if not outcome.cached:
+            self._remember_compile(served, bucket, outcome, reason or "first_compile")
         if reason and not outcome.cached:
             self.metrics.record_recompile(model=served.name, reason=reason)
         if built.failure:
@@ -151,6 +155,8 @@ class BucketBuilder:
         finally:
             live = watch.stop()
         outcome = built.outcome
+        if outcome is not None and not outcome.cached:
+            self._remember_compile(served, bucket, outcome, "tuned")
         facts = (outcome.manifest.tuning if outcome else None) or {}
         if outcome is None or not outcome.cached:
             rest = max(0, facts.get("trials", 0) - live.trials)  # the trials not yet counted while it ran
@@ -189,6 +195,23 @@ class BucketBuilder:
         delay = self.settings.compile_retry_seconds * 2 ** (bucket.attempts - 1)
         self.metrics.record_compile_retry(model=served.name)
         bucket.fail(f"{reason}; retry {bucket.attempts} of {retries} in {delay:g} s", retry_in=delay)
+
+    @staticmethod
+    def _remember_compile(served: ServedModel, bucket: ServedBucket, outcome: CompileOutcome, reason: str) -> None:
+        """The bucket's compile history: what its key was made of, to tell what a recompile changed."""
+        manifest = outcome.manifest
+        facts = {
+            "model version": served.record.version,
+            "graph": manifest.graph_digest[:16],
+            "target": canonical_target(manifest.target),
+            "TVM": manifest.tvm_version,
+            "compiler version": COMPILER_VERSION,
+            "tuning": json.dumps(manifest.options.get("tune")),
+        }
+        bucket.add_compile(
+            CompileEvent(at=time.time(), reason=reason, key=manifest.key, facts=facts,
+                         compile_seconds=round(manifest.compile_seconds, 3), verified=manifest.verified)
+        )  # fmt: skip
 
     @staticmethod
     def _recompile_reason(served: ServedModel, bucket: ServedBucket) -> str | None:

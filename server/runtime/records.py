@@ -31,7 +31,7 @@ from compiler.model import model_digest
 from compiler.store import StagingArea
 
 from .batcher import DynamicBatching
-from .state import TuningStatus
+from .state import CompileEvent, TuningStatus
 
 log = logging.getLogger("jitserve")
 
@@ -93,6 +93,8 @@ class BucketRecord(BaseModel):
     route: str | None = None
     tuned_key: str | None = None
     tuning: TuningStatus | None = None
+    history: list[CompileEvent] = Field(default_factory=list)
+    """Its compiles, oldest first (the last few)."""
 
     @field_validator("tuning", mode="before")
     @classmethod

@@ -65,7 +65,10 @@ class ServedModel:
             if served is None:
                 sizes = self.planner.verify_sizes(bucket) if is_symbolic(bucket) else None
                 key = self.key_of(bucket, verify_sizes=sizes)
-                served = self.buckets[label] = ServedBucket(label, bucket, key, verify_sizes=sizes)
+                known = self.record.buckets.get(label)
+                served = self.buckets[label] = ServedBucket(
+                    label, bucket, key, verify_sizes=sizes, history=known.history if known else None
+                )
             return served
 
     def find_bucket(self, bucket: Bucket) -> ServedBucket | None:

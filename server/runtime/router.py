@@ -139,5 +139,6 @@ class Router:
             route=bucket.route,
             tuned_key=bucket.tuned_key,
             tuning=bucket.tuning,
+            history=bucket.history,
         )
         self.models.update_bucket(served.record, bucket.label)

@@ -32,6 +32,7 @@ from .batcher import DynamicBatcher, DynamicBatching
 from .bodies import BodyBudget, JsonParsers
 from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
+from .explain import Explanations
 from .inference import Inference, Job, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .memory_guard import MemoryGuard
@@ -77,6 +78,9 @@ class ModelService:
         )
         self.kernels = Kernels(cache, self.artifacts, metrics, open_engine)
         self.registry = Registry(on_retire=self._release)
+        self.explanations = Explanations(
+            self.artifacts, profile_seconds=settings.explain_profile_seconds, threads=kernel_threads or None
+        )
         self.router = Router(settings, metrics, self.models_store, self.artifacts)
         self.builder = BucketBuilder(settings, metrics, self.kernels, self.router, compile_function=compile_function)
         self.scheduler = CompileScheduler(

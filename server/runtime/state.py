@@ -51,6 +51,26 @@ class TuningState(StrEnum):
     FAILED = "failed"
 
 
+class CompileEvent(BaseModel):
+    """One compile of a bucket: when, why, what its key was made of, and what changed since the one before."""
+
+    at: float
+    reason: str
+    """``first_compile``, a recompile's reason (``new_model_version``, ``target_or_compiler_changed``,
+    ``artifact_missing``) or ``tuned``."""
+    key: str
+    facts: dict[str, str | int | None]
+    """What the key was made of: model version, graph, target, TVM, compiler version, tuning."""
+    changed: list[str] = []
+    """The facts that differ from the compile before (none for a first compile)."""
+    compile_seconds: float
+    verified: bool | None = None
+
+
+HISTORY_LENGTH = 20
+"""Compiles remembered per bucket, newest last."""
+
+
 class TuningStatus(BaseModel):
     """Background tuning of one bucket, as shown in ``GET /models/{name}`` and persisted."""
 
@@ -83,7 +103,14 @@ class ServedBucket:
     """One bucket of a served model: its state, route, measured latencies, tuning and hits."""
 
     def __init__(
-        self, label: str, bucket: Bucket, key: str, *, warm: bool = False, verify_sizes: dict | None = None
+        self,
+        label: str,
+        bucket: Bucket,
+        key: str,
+        *,
+        warm: bool = False,
+        verify_sizes: dict | None = None,
+        history: list[CompileEvent] | None = None,
     ) -> None:
         self.label = label
         self.bucket = bucket
@@ -111,6 +138,7 @@ class ServedBucket:
         self.tuning: TuningStatus | None = None
         self.attempts = 0
         """Compiles tried (retries included)."""
+        self._history: list[CompileEvent] = list(history or [])
         self.retry_in: float | None = None
         """Failed for a reason that may pass: seconds until its retry (None: no retry)."""
         self._hits = 0
@@ -193,6 +221,20 @@ class ServedBucket:
     def compiled(self, seconds: float) -> None:
         with self._lock:
             self.compile_seconds = seconds
+
+    def add_compile(self, event: CompileEvent) -> CompileEvent:
+        """Remember a compile; its ``changed`` is filled against the one before."""
+        with self._lock:
+            if self._history:
+                before = self._history[-1].facts
+                event = event.model_copy(update={"changed": [k for k, v in event.facts.items() if before.get(k) != v]})
+            self._history = [*self._history, event][-HISTORY_LENGTH:]
+            return event
+
+    @property
+    def history(self) -> list[CompileEvent]:
+        with self._lock:
+            return list(self._history)
 
     def set_tuning(self, status: TuningStatus | None, *, tuned_key: str | None = None) -> None:
         with self._lock:

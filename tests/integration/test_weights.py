@@ -105,8 +105,8 @@ def test_delete_gives_the_model_memory_back(tmp_path):
                 time.sleep(3)  # past the first delayed hand-back
                 after = _rss(http)
                 afters.append(after)
-                print(f"weights {weights / 2**20:.1f} MiB; RSS before {before / 2**20:.0f}, uploaded "
-                      f"{uploaded / 2**20:.0f}, two buckets run {loaded / 2**20:.0f}, after delete {after / 2**20:.0f} MiB")  # fmt: skip
+                mib = [round(value / 2**20) for value in (weights, before, uploaded, loaded, after)]
+                print("MiB: weights {}; RSS before {}, uploaded {}, two buckets run {}, after delete {}".format(*mib))
                 assert loaded - before > weights  # the model was really held
                 assert uploaded - before < 2 * weights  # ONNX Runtime's session; nothing keeps the upload's bytes
                 assert loaded - uploaded < 1.5 * weights  # one mapped copy for both kernels, not one each
