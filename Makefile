@@ -29,6 +29,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: lint $(KSERVE_VENV)/.installed
+	.ci/system-packages
 	$(PY) -m pytest
 
 run: install

@@ -25,7 +25,7 @@ import onnx
 from .arrays import random_inputs
 from .engines import OrtEngine, TvmEngine
 from .options import read_source
-from .profile import Profile, compare_by_class, kernel_profile, named_nodes, ort_profile
+from .profile import Profile, compare_by_class, kernel_profile, named_nodes, op_class, ort_profile
 from .timing import median_latencies_ms
 from .weights import load_weights
 
@@ -105,10 +105,17 @@ def join(  # noqa: PLR0917 - the two profiles and their plain runs, side by side
     """Each kernel's time beside ONNX Runtime's time on the same ONNX nodes; what matched no kernel apart."""
     node_of = _node_matcher(report, source)
     tvm_entries = {entry.name: entry for entry in tvm.entries}
-    # A node split over several kernels (a conv, then its bias and activation) is charged to the slowest.
-    kernel_of: dict[int, str] = {}
-    for kernel in sorted(report["kernels"], key=lambda k: getattr(tvm_entries.get(k["name"]), "ms", 0.0)):
-        kernel_of.update(dict.fromkeys(kernel["nodes"], kernel["name"]))
+    # A node split over several kernels (a pointwise conv: a reshape, the matmul, its bias) is charged to
+    # one of its own op class (the matmul), the slowest of those.
+    holders: dict[int, list[str]] = defaultdict(list)
+    for kernel in report["kernels"]:
+        for index in kernel["nodes"]:
+            holders[index].append(kernel["name"])
+    kernel_of = {
+        index: max(names, key=lambda k, i=index: (op_class(k) == op_class(report["nodes"][i]["op"]),
+                                                   getattr(tvm_entries.get(k), "ms", 0.0)))
+        for index, names in holders.items()
+    }  # fmt: skip
     ort_by_kernel: dict[str, list] = defaultdict(list)
     ort_unmatched = []
     for entry in onnxruntime.entries:

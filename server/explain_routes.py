@@ -11,7 +11,7 @@ from compiler.errors import BadRequestError
 
 from .auth import require_admin
 from .routes import json_body, service_of
-from .schemas import error_responses
+from .schemas import error_responses, json_error_responses
 
 router = APIRouter(prefix="/models/{name}/buckets/{bucket}")
 
@@ -29,14 +29,14 @@ async def explain(name: str, bucket: str, request: Request) -> dict:
     return await run_in_threadpool(explanations.index, served, bucket)
 
 
-@router.get("/explain.html", response_class=HTMLResponse, responses=error_responses(404))
+@router.get("/explain.html", response_class=HTMLResponse, responses=json_error_responses(404))
 async def explain_page(name: str, bucket: str, request: Request) -> HTMLResponse:
     """The bundle as a self-contained page: no script, style or font from anywhere else."""
     explanations, served = _explanations(request, name)
     return HTMLResponse(await run_in_threadpool(explanations.html, served, bucket))
 
 
-@router.get("/explain/ir/{stage}", response_class=PlainTextResponse, responses=error_responses(404))
+@router.get("/explain/ir/{stage}", response_class=PlainTextResponse, responses=json_error_responses(404))
 async def explain_ir(name: str, bucket: str, stage: str, request: Request, kernel: str | None = None):
     """The IR after a pipeline stage (``import``, ``legalize``, ..., ``lower``), or one kernel's function
     in it (``?kernel=``)."""
@@ -44,7 +44,7 @@ async def explain_ir(name: str, bucket: str, stage: str, request: Request, kerne
     return PlainTextResponse(await run_in_threadpool(explanations.ir, served, bucket, stage, kernel))
 
 
-@router.get("/explain/code/{module}", response_class=PlainTextResponse, responses=error_responses(404))
+@router.get("/explain/code/{module}", response_class=PlainTextResponse, responses=json_error_responses(404))
 async def explain_code(name: str, bucket: str, module: str, request: Request):
     """The generated code (``llvm``: assembly), when the bundle holds it."""
     explanations, served = _explanations(request, name)

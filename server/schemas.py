@@ -131,6 +131,12 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody} for code in codes}
 
 
+def json_error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The same, for a route whose success is not JSON (FastAPI would give its errors that media type)."""
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    return {code: {"description": "Error", "content": error} for code in codes}
+
+
 # -- Open Inference Protocol (KServe V2) ---------------------------------------
 
 

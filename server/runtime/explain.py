@@ -53,7 +53,7 @@ def function_text(text: str, name: str) -> str | None:
 
 
 class Explanations:
-    def __init__(self, artifacts: ArtifactStore, *, profile_seconds: float, threads: int | None) -> None:
+    def __init__(self, artifacts: ArtifactStore, profile_seconds: float, threads: int | None) -> None:
         self.artifacts = artifacts
         self.profile_seconds = profile_seconds
         self.threads = threads

@@ -78,9 +78,7 @@ class ModelService:
         )
         self.kernels = Kernels(cache, self.artifacts, metrics, open_engine)
         self.registry = Registry(on_retire=self._release)
-        self.explanations = Explanations(
-            self.artifacts, profile_seconds=settings.explain_profile_seconds, threads=kernel_threads or None
-        )
+        self.explanations = Explanations(self.artifacts, settings.explain_profile_seconds, kernel_threads or None)
         self.router = Router(settings, metrics, self.models_store, self.artifacts)
         self.builder = BucketBuilder(settings, metrics, self.kernels, self.router, compile_function=compile_function)
         self.scheduler = CompileScheduler(

@@ -88,3 +88,51 @@ def test_the_cli_writes_a_bundle_per_bucket_with_the_generated_code(tmp_path, ca
         assembly = (directory / report["code"]["llvm"]["file"]).read_text()
         assert "vfmadd" in assembly or "fma" in assembly or "mulps" in assembly
         assert line["compute_coverage"] == {"compute_nodes": 3, "in_a_kernel": 3}
+        # The profile: every conv kernel timed beside ONNX Runtime's time on the same conv, a report page.
+        profile = json.loads((directory / "profile.json").read_text())
+        convs = [row for row in profile["kernels"] if "conv" in row["kernel"]]
+        assert convs and all(row["tvm_ms"] and row["ort_ms"] for row in convs), profile["kernels"]
+        assert line["tvm_run_ms"] > 0 and line["ort_run_ms"] > 0
+        for engine in ("tvm", "onnxruntime"):
+            trace = json.loads((directory / "trace" / f"{engine}.json").read_text())
+            assert [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        page = (directory / "index.html").read_text()
+        assert "kernel-table" in page and convs[0]["kernel"] in page
+        # Links to the bundle's own files, relative: the folder can be moved and opened anywhere.
+        for stage in report["ir"].values():
+            assert f"href='{stage['file']}'" in page
+        assert "http" not in page.replace("http-equiv", "")
+
+
+def test_profile_join_charges_folded_and_renamed_nodes_to_their_kernel():
+    """ONNX Runtime's node names meet the compiled graph's: by name, by output (a blocked-layout
+    ``_nchwc`` node), by the weight it reads (a MatMul that became a Gemm), or through the node that made
+    a folded node's input (a BatchNormalization folded into its conv)."""
+    import onnx
+    from onnx import helper
+
+    from compiler.explain_profile import _node_matcher
+
+    source = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn"),
+            helper.make_node("MatMul", ["bn", "wq"], ["q_mm"], name="q_mm"),
+            helper.make_node("Add", ["q_mm", "bq"], ["q"], name="q"),
+        ],
+        "g",
+        [],
+        [],
+        initializer=[onnx.numpy_helper.from_array(__import__("numpy").zeros(1, "float32"), n) for n in ("w", "wq")],
+    )
+    report = {
+        "nodes": [
+            {"index": 0, "op": "Conv", "name": "conv", "inputs": ["x", "w"], "outputs": ["c"]},
+            {"index": 1, "op": "Gemm", "name": "Gemm_7", "inputs": ["c", "wq", "bq"], "outputs": ["_v_9"]},
+        ]
+    }
+    node_of = _node_matcher(report, source)
+    assert node_of("conv") == 0 and node_of("c_nchwc") == 0  # by name; by output, blocked layout
+    assert node_of("bn") == 0  # folded into the conv: stands for the node that made its input
+    assert node_of("q_mm") == 1  # the MatMul became a Gemm reading the same weight
+    assert node_of("ReorderOutput_token_3") is None  # ONNX Runtime's own layout node: no ONNX node

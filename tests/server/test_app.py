@@ -139,6 +139,12 @@ def test_openapi_documents_every_request_and_response(tmp_path):
         ("post", "/v2/repository/index"),
         ("post", "/v2/repository/models/{name}/load"),
         ("post", "/v2/repository/models/{name}/unload"),
+        ("get", "/models/{name}/buckets/{bucket}/explain"),
+        ("get", "/models/{name}/buckets/{bucket}/explain.html"),
+        ("get", "/models/{name}/buckets/{bucket}/explain/ir/{stage}"),
+        ("get", "/models/{name}/buckets/{bucket}/explain/code/{module}"),
+        ("get", "/models/{name}/buckets/{bucket}/explain/trace"),
+        ("post", "/models/{name}/buckets/{bucket}/explain/profile"),
     }
     for (method, path), op in operations.items():
         success = next(code for code in op["responses"] if code.startswith("2"))
