@@ -101,7 +101,7 @@ class Explanations:
     def html(self, served: ServedModel, label: str) -> str:
         bucket, directory = self._directory(served, label)
         report, profile = read_bundle(directory)
-        axes = [{"name": axis, "policy": json.dumps(facts)} for axis, facts in served.describe()["axes"].items()]
+        axes = [{"name": axis, "policy": _axis_text(facts)} for axis, facts in served.describe()["axes"].items()]
         extra = {
             "title": f"{served.name} v{served.record.version}: {label}",
             "axes": axes,
@@ -173,6 +173,14 @@ class Explanations:
             )
         finally:
             self._profiling.release()
+
+
+def _axis_text(facts: dict) -> str:
+    """``pow2 1..8 (served as pow2); padding safe: outputs match after padding 2 -> 4``."""
+    policy, safety = facts["policy"], facts.get("padding_safety") or {}
+    bounds = f" {policy['min']}..{policy['max']}" if policy.get("min") is not None else ""
+    verdict = ("padding safe: " if safety.get("safe") else "padding unsafe: ") + str(safety.get("reason", ""))
+    return f"{policy['kind']}{bounds} (served as {facts['effective_policy']}); {verdict if safety else 'not probed'}"
 
 
 def _largest(bucket: ServedBucket, name: str, dim: str) -> int:
