@@ -66,6 +66,9 @@ def test_tuned_kernel_hot_swaps_under_load_and_survives_restart(tmp_path):
             assert metric_value(text, "jitserve_tuning_trials_total", model="mlp") >= 1
             assert metric_value(text, "jitserve_tuning_seconds_total", model="mlp") > 0
             assert metric_value(text, "jitserve_compiles_total", model="mlp", tier="tvm-tuned", outcome="ok") == 1
+            history = client.get(f"/models/mlp/buckets/{LABEL}/explain").json()["history"]
+            assert [event["reason"] for event in history] == ["tuned", "first_compile"]
+            assert history[0]["changed"] == ["tuning"]  # the tuned kernel's key: the same graph, tuned
         assert set(statuses) == {200}, "a request failed across the hot swap"
         assert set(engines) <= {"onnxruntime", "tvm", "tvm-tuned"}
         after = engines[swapped_at + 2 :]  # a request or two may have started before the swap
@@ -79,6 +82,7 @@ def test_tuned_kernel_hot_swaps_under_load_and_survives_restart(tmp_path):
                 assert response.json()["engine"] == tuned["engine"]
             restored = bucket(client)
             assert restored["tuning"]["state"] == "done" and restored["latency_ms"] == latency
+            assert client.get(f"/models/mlp/buckets/{LABEL}/explain").json()["history"] == history  # kept
             text = client.get("/metrics").text
             assert metric_value(text, "jitserve_compiles_total") == 0
             assert metric_value(text, "jitserve_tuning_trials_total") == 0

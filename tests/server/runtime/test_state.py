@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 
 from compiler.errors import IllegalTransitionError
 from server.runtime.records import BucketRecord
-from server.runtime.state import LEGAL_MOVES, BucketState, ServedBucket, TuningState, TuningStatus
+from server.runtime.state import (
+    HISTORY_LENGTH,
+    LEGAL_MOVES,
+    BucketState,
+    CompileEvent,
+    ServedBucket,
+    TuningState,
+    TuningStatus,
+)
 
 ALL_MOVES = list(itertools.product(BucketState, BucketState))
 
@@ -216,3 +225,28 @@ def test_a_route_says_whether_latency_or_throughput_chose_it():
     described = bucket.describe()
     assert described["routed_by"] == "throughput"
     assert described["throughput_rps"] == {"onnxruntime": 1900.0, "tvm": 1500.0}
+
+
+def _compile(reason: str, **facts) -> CompileEvent:
+    base = {"model version": 1, "graph": "g1", "target": "llvm", "TVM": "0.27", "compiler version": "9"}
+    base["tuning"] = "null"
+    return CompileEvent(at=time.time(), reason=reason, key=reason, facts=base | facts, compile_seconds=1.0)
+
+
+def test_each_compile_names_what_changed_in_its_key_and_the_record_keeps_the_last_few():
+    bucket = ServedBucket("x=1x4", {"x": (1, 4)}, "k" * 64)
+    assert bucket.add_compile(_compile("first_compile")).changed == []
+    new_version = bucket.add_compile(_compile("new_model_version", **{"model version": 2, "graph": "g2"}))
+    assert new_version.changed == ["model version", "graph"]
+    upgraded = _compile("target_or_compiler_changed", **{"model version": 2, "graph": "g2", "compiler version": "10"})
+    assert bucket.add_compile(upgraded).changed == ["compiler version"]
+    tuned = _compile("tuned", **{"model version": 2, "graph": "g2", "compiler version": "10", "tuning": "[64, 16]"})
+    assert bucket.add_compile(tuned).changed == ["tuning"]
+    for _ in range(HISTORY_LENGTH):
+        bucket.add_compile(tuned)
+    assert len(bucket.history) == HISTORY_LENGTH and bucket.history[-1].changed == []
+    # Through the record, as a restart reads it back.
+    record = BucketRecord(key="k" * 64, model_version=2, history=bucket.history)
+    again = ServedBucket("x=1x4", {"x": (1, 4)}, "k" * 64, history=BucketRecord.model_validate_json(
+        record.model_dump_json()).history)  # fmt: skip
+    assert again.history == bucket.history
