@@ -84,12 +84,17 @@ def _kernel_rows(report: dict, profile: dict | None, links: Links) -> list[list[
         names = [nodes[i]["name"] or f"{nodes[i]['op']} #{i}" for i in kernel["nodes"]]
         listed = ", ".join(_e(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         ratio = row.get("tvm_over_ort")
+        flops, size, tvm_ms = kernel.get("flops"), kernel.get("bytes"), row.get("tvm_ms")
+        rate = f"{flops / (tvm_ms * 1e6):.1f}" if flops and tvm_ms else ""
         rows.append(
             [
                 f"<code>{_e(kernel['name'])}</code>",
                 _e(", ".join(kernel["ops"])),
                 f"<span title='{_e(', '.join(names))}'>{listed}</span>",
-                _ms(row.get("tvm_ms")),
+                f"{flops / 1e6:.2f}" if flops else "",
+                f"{size / 1e6:.2f}" if size else "",
+                _ms(tvm_ms),
+                rate,
                 _e(row.get("calls", "")),
                 _ms(row.get("ort_ms")),
                 "" if ratio is None else f"<span class='{'slow' if ratio > 1 else 'fast'}'>{ratio:.2f}</span>",
@@ -157,10 +162,23 @@ def render_html(report: dict, profile: dict | None, *, links: Links, extra: dict
     )
     parts.append(
         "<section aria-labelledby='kernels'><h2 id='kernels'>Kernels</h2>"
-        "<p>Each fused kernel, the ONNX nodes it computes, its time per run and ONNX Runtime's time on the same "
-        "nodes (click a column to sort).</p>"
+        "<p>Each fused kernel, the ONNX nodes it computes, its work (MFLOP: its contractions' multiply-adds x2; "
+        "MB: its parameters, read or written at least once), its time per run and ONNX Runtime's time on the "
+        "same nodes (click a column to sort).</p>"
         + _table(
-            ["kernel", "ops", "ONNX nodes", "TVM ms", "calls", "ONNX Runtime ms", "TVM / ORT", "code"],
+            [
+                "kernel",
+                "ops",
+                "ONNX nodes",
+                "MFLOP",
+                "MB",
+                "TVM ms",
+                "GFLOP/s",
+                "calls",
+                "ONNX Runtime ms",
+                "TVM / ORT",
+                "code",
+            ],
             _kernel_rows(report, profile, links),
             table_id="kernel-table",
             sortable=True,

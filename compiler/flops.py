@@ -80,3 +80,14 @@ def _count(model: onnx.ModelProto) -> tuple[int, int]:
         else:
             total += 2 * macs
     return total, unknown
+
+
+def node_flops(model: onnx.ModelProto) -> dict[str, int]:
+    """FLOPs (2x the multiply-adds) of each contraction node whose shapes are known, by node name."""
+    shapes = _shapes(model)
+    found = {}
+    for node in model.graph.node:
+        macs = _node_macs(node, shapes)
+        if macs:
+            found[node.name or node.output[0]] = 2 * macs  # unnamed: by its first output, as the importer
+    return found

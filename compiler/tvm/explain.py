@@ -17,12 +17,17 @@ Runs in the compile child only (imports TVM).
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import tvm
 from tvm import relax
+
+from ..flops import node_flops
+from ..profile import op_class
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,14 @@ class StageRecorder:
         self.legalized: list[_Binding] = []
         self.fused_main: list[_Binding] = []
         self.fused_functions: dict[str, list[_Binding]] = {}
+        self.kernel_bytes: dict[str, int] = {}
+        """Each kernel's parameters' bytes (what it reads and writes at least once), where static."""
 
     def __call__(self, stage: str, mod: tvm.IRModule) -> None:
         self.texts[stage] = mod.script()
+        for gv, func in mod.functions.items():
+            if isinstance(func, tvm.tirx.PrimFunc) and (size := _param_bytes(func)) is not None:
+                self.kernel_bytes[gv.name_hint] = size
         if stage == "legalize":
             self.legalized = bindings(mod["main"])
         elif stage == "fuse_ops":
@@ -79,6 +89,18 @@ class StageRecorder:
                 for gv, f in mod.functions.items()
                 if isinstance(f, relax.Function) and gv.name_hint != "main"
             }
+
+
+def _param_bytes(func) -> int | None:
+    total = 0
+    for buffer in func.params:
+        shape = getattr(buffer, "shape", None)
+        if shape is None:
+            continue
+        if not all(isinstance(d, int | tvm.tirx.IntImm) for d in shape):
+            return None  # a symbolic kernel: its bytes depend on the request
+        total += math.prod(int(d) for d in shape) * np.dtype(str(buffer.dtype)).itemsize
+    return total
 
 
 def kernel_nodes(stages: StageRecorder, bound: dict[str, int]) -> dict[str, list[int]]:
@@ -148,6 +170,7 @@ def write_bundle(
     nodes = [{"index": i, "op": op, "name": name, "inputs": inputs, "outputs": outputs}
              for i, (op, name, inputs, outputs) in enumerate(importer.converted)]  # fmt: skip
     mapped = {i for found in kernels.values() for i in found}
+    flops = node_flops(specialized)
     compute = [n for n in nodes if n["op"] in COMPUTE_OPS]
     report = {
         "stamp": stamp or {},
@@ -161,7 +184,14 @@ def write_bundle(
         },
         "nodes": nodes,
         "kernels": [
-            {"name": name, "nodes": found, "ops": sorted({importer.converted[i][0] for i in found})}
+            {
+                "name": name,
+                "nodes": found,
+                "ops": sorted({importer.converted[i][0] for i in found}),
+                # A contraction's FLOPs go to the contraction kernels among those holding its node.
+                "flops": sum(flops.get(nodes[i]["name"], 0) for i in found) if op_class(name) == "contraction" else 0,
+                "bytes": stages.kernel_bytes.get(name),
+            }
             for name, found in sorted(kernels.items())
         ],
         "not_in_a_kernel": [n for n in nodes if n["index"] not in mapped],

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import pytest
 
 from compiler.build import compile_bucket
 from compiler.cli import main
+from compiler.flops import model_flops
 from compiler.model import load_model
 from compiler.options import CompileOptions
 from compiler.store import EXPLAIN_DIR, ArtifactStore
@@ -92,6 +94,12 @@ def test_the_cli_writes_a_bundle_per_bucket_with_the_generated_code(tmp_path, ca
         profile = json.loads((directory / "profile.json").read_text())
         convs = [row for row in profile["kernels"] if "conv" in row["kernel"]]
         assert convs and all(row["tvm_ms"] and row["ort_ms"] for row in convs), profile["kernels"]
+        # Each conv kernel's work: its conv's multiply-adds x2 and its parameters' bytes.
+        work = {kernel["name"]: kernel for kernel in report["kernels"]}
+        assert all(work[row["kernel"]]["flops"] > 0 and work[row["kernel"]]["bytes"] > 0 for row in convs)
+        assert sum(kernel["flops"] for kernel in report["kernels"]) == model_flops(
+            onnx.load_from_string(model.read_bytes()), {"x": tuple(int(d) for d in line["bucket"][2:].split("x"))}
+        )[0]
         assert line["tvm_run_ms"] > 0 and line["ort_run_ms"] > 0
         for engine in ("tvm", "onnxruntime"):
             trace = json.loads((directory / "trace" / f"{engine}.json").read_text())
