@@ -99,7 +99,10 @@ def _param_bytes(func) -> int | None:
             continue
         if not all(isinstance(d, int | tvm.tirx.IntImm) for d in shape):
             return None  # a symbolic kernel: its bytes depend on the request
-        total += math.prod(int(d) for d in shape) * np.dtype(str(buffer.dtype)).itemsize
+        try:
+            total += math.prod(int(d) for d in shape) * np.dtype(str(buffer.dtype)).itemsize
+        except TypeError:  # a dtype numpy lacks (bfloat16): unknown
+            return None
     return total
 
 
