@@ -97,9 +97,12 @@ def test_the_cli_writes_a_bundle_per_bucket_with_the_generated_code(tmp_path, ca
         # Each conv kernel's work: its conv's multiply-adds x2 and its parameters' bytes.
         work = {kernel["name"]: kernel for kernel in report["kernels"]}
         assert all(work[row["kernel"]]["flops"] > 0 and work[row["kernel"]]["bytes"] > 0 for row in convs)
-        assert sum(kernel["flops"] for kernel in report["kernels"]) == model_flops(
-            onnx.load_from_string(model.read_bytes()), {"x": tuple(int(d) for d in line["bucket"][2:].split("x"))}
-        )[0]
+        assert (
+            sum(kernel["flops"] for kernel in report["kernels"])
+            == model_flops(
+                onnx.load_from_string(model.read_bytes()), {"x": tuple(int(d) for d in line["bucket"][2:].split("x"))}
+            )[0]
+        )
         assert line["tvm_run_ms"] > 0 and line["ort_run_ms"] > 0
         for engine in ("tvm", "onnxruntime"):
             trace = json.loads((directory / "trace" / f"{engine}.json").read_text())

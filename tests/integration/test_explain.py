@@ -117,7 +117,9 @@ def test_the_report_page_renders_in_chromium_without_a_request_outside_the_serve
     process, _ = served
     outside = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+        browser = playwright.chromium.launch(
+            executable_path=browser_path, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("request", lambda r: None if r.url.startswith(process.url) else outside.append(r.url))
