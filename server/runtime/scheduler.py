@@ -52,6 +52,14 @@ class CompileScheduler:
         return self.queue_size - len(self._queued)
 
     @property
+    def queued(self) -> int:
+        return len(self._queued)
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
     def pending(self) -> int:
         """Compiles queued or running."""
         return len(self._queued) + self._running

@@ -12,7 +12,6 @@ import copy
 import functools
 import importlib.resources
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -64,10 +63,8 @@ def kustomize_command() -> tuple[str, ...] | None:
 def require_kustomize() -> tuple[str, ...]:
     command = kustomize_command()
     if command is None:
-        reason = "needs kustomize v5 (kubectl 1.27+ or kustomize) on PATH: .ci/run installs kubectl"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        reason = "needs kustomize v5 (kubectl 1.27+ or kustomize) on PATH: .ci/system-packages installs kubectl"
+        pytest.fail(reason)  # a green run means every test ran: never a silent skip
     return command
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shlex
 import shutil
@@ -118,9 +117,7 @@ def find_tool(name: str) -> str:
     if path:
         return path
     message = f"{name} not found: install Debian's prometheus package (apt-get install prometheus)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    pytest.fail(message)  # a green run means every test ran: never a silent skip
 
 
 @pytest.fixture(scope="module")

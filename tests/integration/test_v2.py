@@ -5,7 +5,6 @@ with JSON and binary tensors, errors."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -156,9 +155,7 @@ def test_repository_calls_need_the_admin_token(tmp_path):
 def test_kserve_rest_client_json_and_binary(server):
     if not KSERVE_PYTHON.exists():
         message = "KServe's client is not installed: make test installs it into .cache/kserve-venv"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        pytest.fail(message)  # a green run means every test ran: never a silent skip
     run = subprocess.run(
         [str(KSERVE_PYTHON), "tests/integration/kserve_client.py", server.url, "demo"],
         cwd=REPO,

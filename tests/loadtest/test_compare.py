@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_compare_runs_both_servers_under_every_load(tmp_path):
     if shutil.which("wrk") is None:
-        pytest.fail("wrk not found: apt-get install wrk (.ci/run installs it)")
+        pytest.fail("wrk not found: apt-get install wrk (.ci/system-packages, run by make test, installs it)")
     command = ["loadtest/compare.py", "--models", "demo", "--connections", "2", "--duration", "1"]
     run = subprocess.run(
         [sys.executable, *command, "--out", str(tmp_path)],

@@ -139,6 +139,7 @@ def test_openapi_documents_every_request_and_response(tmp_path):
         ("post", "/v2/repository/index"),
         ("post", "/v2/repository/models/{name}/load"),
         ("post", "/v2/repository/models/{name}/unload"),
+        ("get", "/server"),
         ("get", "/models/{name}/buckets/{bucket}/explain"),
         ("get", "/models/{name}/buckets/{bucket}/explain.html"),
         ("get", "/models/{name}/buckets/{bucket}/explain/ir/{stage}"),
