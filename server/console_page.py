@@ -116,7 +116,10 @@ output{white-space:pre-wrap;font:12px monospace;grid-column:1/3;max-height:9em;o
         ['server memory', mib(m.server_bytes)], ['compile and tuning children', mib(m.children_bytes)],
         ['weights mapped', mib(m.weights_bytes)], ['memory limit', m.limit_bytes ? mib(m.limit_bytes) : 'none'],
         ['kernel cache', c.entries + ' of ' + c.max_entries + ', ' + mib(c.bytes)],
-        ['JIT', s.jit ? 'on (' + s.routing + ' routing)' : 'off'], ['tuning', s.tuning ? 'on' : 'off']]) +
+        ['JIT', s.jit ? 'on (' + s.routing + ' routing)' : 'off'], ['tuning', s.tuning ? 'on' : 'off']].concat(
+        Object.keys(s.store_check || {}).map(function (k) {
+          var r = s.store_check[k]; return ['store check: ' + k, r.ok + ' sound, ' + r.damaged + ' damaged'];
+        }))) +
       '<h2>Models</h2>' + (state.models.length ? state.models.map(modelSection).join('') : '<p>None yet: upload one below.</p>');
     var select = document.getElementById('predict-model'), chosen = select.value;
     var names = state.models.map(function (x) { return x.name; });

@@ -52,6 +52,8 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.store_checks: dict[str, dict[str, int]] = {}
+        """The store check's last results by store, as the console shows them."""
         self.store_check = Gauge(
             "jitserve_store_check_entries",
             "The store check at start: kernels and models found sound (ok) or damaged (removed or skipped).",
@@ -196,6 +198,7 @@ class Metrics:
     def set_store_check(self, *, store: str, ok: int, damaged: int) -> None:
         self.store_check.labels(store, "ok").set(ok)
         self.store_check.labels(store, "damaged").set(damaged)
+        self.store_checks[store] = {"ok": ok, "damaged": damaged}
 
     def record_compile_retry(self, *, model: str, retried: bool = True) -> None:
         """``retried=False`` only shows the model's series (at zero) once it compiles."""

@@ -52,7 +52,8 @@ def _fake_state(models: int, buckets: int) -> dict:
     server = {"ready": True, "waiting": [], "jit": True, "tuning": True, "routing": "measured",
               "compile_queue": {"queued": 0, "running": 0, "queue_size": 64, "workers": 1},
               "memory": {"server_bytes": 2**28, "children_bytes": 0, "weights_bytes": 2**20, "limit_bytes": None},
-              "kernel_cache": {"entries": 5, "max_entries": 64, "bytes": 2**20, "max_bytes": 2**30}}  # fmt: skip
+              "kernel_cache": {"entries": 5, "max_entries": 64, "bytes": 2**20, "max_bytes": 2**30},
+              "store_check": {"kernels": {"ok": 3, "damaged": 0}, "models": {"ok": 50, "damaged": 0}}}  # fmt: skip
     return {
         "models": [
             model | {"name": f"m{i}", "buckets": [bucket | {"bucket": f"x={2**j}x16"} for j in range(buckets)]}
@@ -90,6 +91,7 @@ def test_the_console_shows_a_bucket_compile_to_ready_without_a_reload(browser, t
         seen = time.monotonic() - started
         described = httpx.get(process.url + "/models/enc").json()["buckets"]
         assert [b["state"] for b in described] == ["ready"]
+        assert "store check: kernels" in page.inner_text("#status")  # what the server found sound at start
         assert page.evaluate("window.__loaded") == "once"  # updated in place
         row = page.locator("section[data-model='enc'] tbody tr").first
         assert "x=2x16x64" in row.inner_text() and row.locator("a", has_text="explain").count() == 1
