@@ -96,9 +96,7 @@ def ensure_prepared(
                     job,
                     timeout=options.timeout_seconds,
                     what="weight preparation",
-                    nice=options.nice,
-                    idle_priority=options.idle_priority,
-                    memory_limit=options.memory_limit_bytes,
+                    **options.child_limits(),
                 )
                 store.commit_prepared(staging, model.digest)
     except LeaseTimeoutError as exc:
@@ -170,9 +168,7 @@ def compile_bucket(
                     builder,
                     job,
                     timeout=options.timeout_seconds,
-                    nice=options.nice,
-                    idle_priority=options.idle_priority,
-                    memory_limit=options.memory_limit_bytes,
+                    **options.child_limits(),
                 )
                 manifest = Manifest(
                     key=key,

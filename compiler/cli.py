@@ -198,9 +198,7 @@ def _explain(args, settings) -> list[dict]:
                 "compile_seconds": round(outcome.manifest.compile_seconds, 3),
             }
             if not args.no_profile and outcome.manifest.verified:
-                joined = _profile_explained(
-                    model, outcome, store, destination, report, shapes=dict(given), runs=args.runs
-                )
+                joined = _profile_explained(model, outcome, store, destination, shapes=dict(given), runs=args.runs)
                 result |= {"tvm_run_ms": joined["tvm"]["run_ms"], "ort_run_ms": joined["onnxruntime"]["run_ms"],
                            "accounted": joined["accounted"]}  # fmt: skip
             write_html(destination, command=["python -m compiler", *sys.argv[1:]])
@@ -208,23 +206,31 @@ def _explain(args, settings) -> list[dict]:
     return results
 
 
-def _profile_explained(model, outcome, store, destination, report, *, shapes, runs) -> dict:
+def _profile_explained(model, outcome, store, destination, *, shapes, runs) -> dict:
     """Each kernel's time beside ONNX Runtime's on the same nodes, at the shape given (a dynamic bucket
-    runs it unpadded), into the bundle."""
-    from .arrays import random_inputs
-    from .build import open_kernel
-    from .explain_profile import profile_bucket, write_profile
+    runs it unpadded), into the bundle: the server's profile, in this process."""
+    from .explain_profile import ProfileJob, profile_stored
 
-    concrete = {
-        name: tuple(d if isinstance(d, int) else shapes[name][i] for i, d in enumerate(dims))
-        for name, dims in outcome.manifest.bucket.items()
-    }
-    dtypes = {spec.name: spec.dtype for spec in model.signature.inputs}
-    inputs = random_inputs(concrete, dtypes, 1, model.index_bounds.limits)
-    engine = open_kernel(model, outcome, store, outcome.manifest.target["kind"])
-    joined, profiles = profile_bucket(report, engine, model.data, inputs, runs=runs)
-    write_profile(destination, report, joined, profiles)
-    return joined
+    manifest, signature = outcome.manifest, model.signature
+    return profile_stored(
+        ProfileJob(
+            model_source=model.data,
+            library=str(outcome.library_path),
+            weights_dir=str(store.prepared_path(model.digest)),
+            weight_names=list(manifest.weights),
+            input_names=signature.input_names,
+            output_names=signature.output_names,
+            shapes={
+                name: [d if isinstance(d, int) else shapes[name][i] for i, d in enumerate(dims)]
+                for name, dims in manifest.bucket.items()
+            },
+            dtypes={spec.name: spec.dtype for spec in signature.inputs},
+            index_limits=model.index_bounds.limits,
+            explain_dir=str(destination),
+            runs=runs,
+            device=manifest.target["kind"],
+        )
+    )
 
 
 def _bench(args, settings) -> list[dict]:

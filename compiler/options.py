@@ -82,6 +82,10 @@ class CompileOptions(BaseModel):
         False, description="put the generated code (assembly; CUDA source) in the bundle: a second codegen"
     )
 
+    def child_limits(self) -> dict:
+        """``run_in_child``'s priority and memory arguments for a child working for this compile."""
+        return {"nice": self.nice, "idle_priority": self.idle_priority, "memory_limit": self.memory_limit_bytes}
+
     @property
     def tier(self) -> str:
         return "tvm-tuned" if self.tune_trials else "tvm"

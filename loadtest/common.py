@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -38,6 +39,14 @@ def start_server(data_dir: str, **settings) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
     process.kill()
     raise RuntimeError("server did not start")
+
+
+def add_bucket_arguments(parser: argparse.ArgumentParser, *, requests: int = 300) -> None:
+    """MODEL, --shape (one per input), --config and --requests: what every single-bucket benchmark takes."""
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--shape", action="append", required=True, metavar="NAME=D0,D1,...")
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--requests", type=int, default=requests)
 
 
 def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:

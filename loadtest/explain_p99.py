@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import config_with_warm_bucket, parse_shapes, start_server, wait_warm
+from common import add_bucket_arguments, config_with_warm_bucket, parse_shapes, start_server, wait_warm
 
 
 def _measure(client: httpx.Client, body: bytes, busy: threading.Event | None, requests: int) -> list[float]:
@@ -67,10 +67,7 @@ def _summary(phase: str, latencies: list[float]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", type=Path)
-    parser.add_argument("--shape", action="append", required=True, metavar="NAME=D0,D1,...")
-    parser.add_argument("--config", type=Path)
-    parser.add_argument("--requests", type=int, default=300)
+    add_bucket_arguments(parser)
     args = parser.parse_args()
     shapes = parse_shapes(args.shape)
     rng = np.random.default_rng(0)

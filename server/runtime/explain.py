@@ -161,15 +161,8 @@ class Explanations:
         if not self._profiling.acquire(blocking=False):
             raise ConflictError("a profile is running: one at a time, try again when it ends")
         try:
-            options = served.options
             return run_in_child(
-                profile_stored,
-                job,
-                timeout=self.profile_seconds,
-                what="profile",
-                nice=options.nice,
-                idle_priority=options.idle_priority,
-                memory_limit=options.memory_limit_bytes,
+                profile_stored, job, timeout=self.profile_seconds, what="profile", **served.options.child_limits()
             )
         finally:
             self._profiling.release()

@@ -6,8 +6,6 @@ import time
 
 from compiler.memory import process_tree_resident_bytes
 
-from .memory_guard import detected_memory_limit
-
 _STARTED = time.time()
 
 
@@ -16,7 +14,6 @@ def server_status(service) -> dict:
     ready, waiting = service.ready()
     server_rss, children_rss = process_tree_resident_bytes()
     settings, scheduler, cache = service.settings, service.scheduler, service.kernels.cache
-    limit = settings.memory_bytes if settings.memory_bytes is not None else detected_memory_limit()
     return {
         "ready": ready,
         "waiting": waiting,
@@ -34,7 +31,7 @@ def server_status(service) -> dict:
             "server_bytes": server_rss,
             "children_bytes": children_rss,
             "weights_bytes": service.kernels.weights.total_bytes,
-            "limit_bytes": limit or None,
+            "limit_bytes": service.admission.memory_guard.limit or None,
         },
         "store_check": service.metrics.store_checks,
         "kernel_cache": {
