@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 
@@ -18,9 +17,10 @@ from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 from compiler.errors import JitServeError
 
 from .auth import check_exposure
+from .console import DOCS_ASSETS_URL, docs_assets
 from .console import router as console_router
 from .explain_routes import router as explain_router
-from .hot_routes import HotRoutes
+from .hot_routes import HotRoutesApp
 from .openapi import finish_openapi
 from .routes import router
 from .runtime.metrics import Metrics
@@ -51,16 +51,16 @@ def create_app(
         yield
         service.close()
 
-    # Swagger UI's and ReDoc's assets served from the installed package: /docs and /redoc work offline.
-    app = FastAPIOffline(title="jitserve", lifespan=lifespan, favicon_url="data:,", redoc_url=None)
+    app = HotRoutesApp(title="jitserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.error_response = error_response
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.service = service
     app.include_router(router)
     app.include_router(explain_router)
     app.include_router(console_router)
+    app.mount(DOCS_ASSETS_URL, docs_assets(), name="docs-assets")
     app.include_router(v2_router)
-    app.add_middleware(HotRoutes, error_response=error_response)
     finish_openapi(app)
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:

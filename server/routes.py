@@ -10,7 +10,7 @@ from compiler.errors import BadRequestError, JitServeError
 from compiler.upload import remove_upload
 
 from .auth import require_admin
-from .body import declared_size, json_bytes, read_limited, receive_upload
+from .body import WireResponse, declared_size, json_bytes, read_limited, receive_upload, server_timing
 from .runtime.inference import Job
 from .runtime.service import ModelService
 from .schemas import (
@@ -132,9 +132,7 @@ async def predict_request(request: Request, name: str | None) -> Response:
         del body, parsed
         prediction = await service.run(job)
         content = await service.off_loop(prediction.nbytes, json_bytes, prediction.body())
-    # The engine's share (pad, run, cut back) of the request, for clients comparing it with routing's timings.
-    timing = f"inference;dur={prediction.inference_ms:.3f}"
-    return Response(content, media_type="application/json", headers={"server-timing": timing})
+    return WireResponse(content, b"application/json", [server_timing(prediction)])
 
 
 PREDICT_ROUTE = {

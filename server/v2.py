@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from compiler.errors import JitServeError, NotFoundError
 
 from .auth import require_admin
-from .body import declared_size, read_limited
+from .body import WireResponse, declared_size, read_limited, server_timing
 from .routes import service_of
 from .runtime.inference import Job
 from .runtime.registry import ServedModel
@@ -139,11 +139,10 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         decoded, job = await service.off_loop(json_size, _prepare, service, name, body, header, signature, model=name)
         del body
         prediction = await service.run(job)
-        content, headers = await service.off_loop(
+        content, content_type, headers = await service.off_loop(
             prediction.nbytes, encode_response, prediction.model, prediction.version, decoded, prediction.outputs
         )
-    headers["server-timing"] = f"inference;dur={prediction.inference_ms:.3f}"
-    return Response(content, headers=headers)
+    return WireResponse(content, content_type, [*headers, server_timing(prediction)])
 
 
 def _prepare(service: ModelService, name: str, body: bytes, header: str | None, signature) -> tuple[InferRequest, Job]:

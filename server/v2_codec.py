@@ -143,8 +143,9 @@ def _requested_outputs(request: dict, signature: Signature) -> tuple[list[str] |
 
 def encode_response(
     model: str, version: int, request: InferRequest, outputs: dict[str, np.ndarray]
-) -> tuple[bytes, dict[str, str]]:
-    """The response body and its headers: JSON, or a JSON header followed by the binary outputs."""
+) -> tuple[bytes, bytes, list[tuple[bytes, bytes]]]:
+    """The response body, its content type and its other headers, as they go on the wire: JSON, or a JSON
+    header followed by the binary outputs."""
     tensors, chunks = [], []
     for name in request.outputs or list(outputs):
         array = outputs[name]
@@ -161,8 +162,8 @@ def encode_response(
         response["id"] = request.id
     head = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY, default=_to_list)
     if not chunks:
-        return head, {"content-type": "application/json"}
-    return head + b"".join(chunks), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+        return head, b"application/json", []
+    return head + b"".join(chunks), b"application/octet-stream", [(HEADER_LENGTH.encode(), b"%d" % len(head))]
 
 
 def _to_list(value: Any) -> Any:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import multiprocessing
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import orjson
 
-from compiler.errors import BadRequestError, UnavailableError
+from compiler.errors import BadRequestError, JitServeError, UnavailableError
 
 PROCESS_PARSE_BYTES = 1 << 20
 
@@ -93,9 +94,18 @@ class BodyBudget:
     def _fits(self, size: int) -> bool:
         return self.held == 0 or self.held + size <= self.limit
 
+    def try_reserve(self, size: int) -> bool:
+        """Hold ``size`` bytes now if they fit."""
+        if self.limit == 0:
+            return True
+        if not self._fits(size):
+            return False
+        self.held += size
+        return True
+
     async def reserve(self, size: int) -> None:
         """Hold ``size`` bytes; wait for room up to ``wait_seconds``, then 503. Pair with :meth:`release`."""
-        if self.limit == 0:
+        if self.try_reserve(size):
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_seconds
@@ -118,3 +128,27 @@ class BodyBudget:
         if self._room is not None:
             self._room.set()
             self._room = None
+
+
+class BodyRoom:
+    """``async with``: room for a ``size``-byte request body in the budget, held until the block ends; a
+    refusal (503 past the wait) is reported to ``refused`` first. A body that fits costs no await."""
+
+    __slots__ = ("budget", "refused", "size")
+
+    def __init__(self, budget: BodyBudget, size: int, refused: Callable[[JitServeError], None]) -> None:
+        self.budget = budget
+        self.size = size
+        self.refused = refused
+
+    async def __aenter__(self) -> None:
+        if self.budget.try_reserve(self.size):
+            return
+        try:
+            await self.budget.reserve(self.size)
+        except JitServeError as exc:
+            self.refused(exc)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.budget.release(self.size)

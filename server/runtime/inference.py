@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import os
 import threading
 import time
@@ -36,6 +37,11 @@ from .registry import Registry, ServedModel
 from .state import BucketState, ServedBucket
 
 T = TypeVar("T")
+
+PROTOCOL: contextvars.ContextVar[str] = contextvars.ContextVar("protocol", default="rest")
+"""The protocol of the request being served (``rest`` or ``grpc``), for its metrics: set by the gRPC
+adapter for each call, carried onto the inference threads by :meth:`Inference.offload` and into a batch
+by its jobs."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class Job:
     plan: BucketPlan | None
     """None for a zero-size input: no bucket, ONNX Runtime runs it as sent."""
     started: float
+    protocol: str = "rest"
 
     @property
     def rows(self) -> int:
@@ -144,7 +151,7 @@ class Inference:
         bounded queue is full."""
         self._take_slot(model)
         try:
-            future = (pool or self.pool).submit(function, *args)
+            future = (pool or self.pool).submit(contextvars.copy_context().run, function, *args)
         except RuntimeError:
             self._slots.release()
             raise UnavailableError("server is shutting down") from None
@@ -197,20 +204,23 @@ class Inference:
 
     def prepare(self, served: ServedModel, inputs: Any) -> Job:
         """Parse and plan a request: 400 naming what is wrong."""
-        started = time.perf_counter()
+        started, protocol = time.perf_counter(), PROTOCOL.get()
         arrays = parse_inputs(served.model.signature, inputs, served.model.index_bounds.ranges)
         if any(array.size == 0 for array in arrays.values()):
-            return Job(served, arrays, None, started)  # nothing to pad, nothing worth a kernel
+            return Job(served, arrays, None, started, protocol)  # nothing to pad, nothing worth a kernel
         if not all(_ordinary(array, self.kernel_input_max_abs) for array in arrays.values()):
-            return Job(served, arrays, None, started)  # the reference answers special values, as sent
-        return Job(served, arrays, served.planner.plan({k: v.shape for k, v in arrays.items()}), started)
+            return Job(served, arrays, None, started, protocol)  # the reference answers special values, as sent
+        plan = served.planner.plan({k: v.shape for k, v in arrays.items()})
+        return Job(served, arrays, plan, started, protocol)
 
     def execute(self, job: Job, bucket: ServedBucket | None = None) -> Prediction:
         """Run a prepared request here and now; ``bucket``: its plan's bucket, when already looked up."""
         try:
             run = self._run(job.served, job.arrays, job.plan, bucket)
         except JitServeError as exc:
-            self.metrics.record_request(model=job.served.name, engine="none", code=exc.http_status)
+            self.metrics.record_request(
+                model=job.served.name, engine="none", code=exc.http_status, protocol=job.protocol
+            )
             raise
         return self._answer(job, run.outputs, run)
 
@@ -242,6 +252,7 @@ class Inference:
             code=200,
             seconds=time.perf_counter() - job.started,
             dynamic=run.dynamic,
+            protocol=job.protocol,
         )
         return Prediction(
             model=served.name,
@@ -287,7 +298,7 @@ class Inference:
     def reject(self, name: str | None, error: JitServeError) -> None:
         """Count a request refused before it ran; only registered names become labels."""
         model = name if isinstance(name, str) and self.registry.find(name) is not None else ""
-        self.metrics.record_request(model=model, engine="none", code=error.http_status)
+        self.metrics.record_request(model=model, engine="none", code=error.http_status, protocol=PROTOCOL.get())
 
     def _kernel_for(self, served: ServedModel, bucket: ServedBucket, plan: BucketPlan) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""

@@ -38,6 +38,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._request_children: dict[tuple[str, str, int, str], tuple[Counter, Histogram]] = {}
         self._before_scrape: list[Callable[[], None]] = []
         r = self.registry
         self.compiles = Counter(
@@ -150,8 +151,9 @@ class Metrics:
         )
         self.requests = Counter(
             "jitserve_requests_total",
-            "Prediction requests by model, serving engine and HTTP status.",
-            ["model", "engine", "code"],
+            "Prediction requests by model, serving engine, HTTP status (a gRPC call counts the status the same "
+            "error has over REST) and protocol (rest, grpc).",
+            ["model", "engine", "code", "protocol"],
             registry=r,
         )
         self.dynamic_requests = Counter(
@@ -162,8 +164,8 @@ class Metrics:
         )
         self.request_duration = Histogram(
             "jitserve_request_duration_seconds",
-            "Prediction latency inside the server, by engine.",
-            ["model", "engine"],
+            "Prediction latency inside the server, by engine and protocol.",
+            ["model", "engine", "protocol"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -245,13 +247,28 @@ class Metrics:
         self.queue_depth.set(depth)
 
     def record_request(
-        self, *, model: str, engine: str, code: int, seconds: float | None = None, dynamic: bool = False
+        self,
+        *,
+        model: str,
+        engine: str,
+        code: int,
+        seconds: float | None = None,
+        dynamic: bool = False,
+        protocol: str = "rest",
     ) -> None:
-        self.requests.labels(model, engine, str(code)).inc()
+        # The labelled children are looked up once: labels() takes a lock and costs more than a tiny model's run.
+        key = (model, engine, code, protocol)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(model, engine, str(code), protocol),
+                self.request_duration.labels(model, engine, protocol),
+            )
+        children[0].inc()
         if dynamic:
             self.dynamic_requests.labels(model, engine).inc()
         if seconds is not None:
-            self.request_duration.labels(model, engine).observe(seconds)
+            children[1].observe(seconds)
 
     def record_padding(self, *, model: str, waste: float) -> None:
         self.padding_waste.labels(model).observe(waste)

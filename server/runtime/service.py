@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +28,7 @@ from ..settings import Settings
 from .admission import Admission
 from .allocator import fix_mmap_threshold, return_memory
 from .batcher import DynamicBatcher, DynamicBatching
-from .bodies import BodyBudget, JsonParsers
+from .bodies import BodyBudget, BodyRoom, JsonParsers
 from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
 from .explain import Explanations
@@ -268,19 +267,10 @@ class ModelService:
             return function(*args)
         return await self.inference.offload(function, *args, model=model)
 
-    @asynccontextmanager
-    async def body_room(self, size: int, model: str | None) -> AsyncIterator[None]:
-        """Room for a ``size``-byte request body in the budget, held until its response is ready; a refusal
-        (503 past the wait) is counted for ``model``."""
-        try:
-            await self.body_budget.reserve(size)
-        except JitServeError as exc:
-            self.reject_request(model, exc)
-            raise
-        try:
-            yield
-        finally:
-            self.body_budget.release(size)
+    def body_room(self, size: int, model: str | None) -> BodyRoom:
+        """``async with``: room for a ``size``-byte request body in the budget, held until its response is
+        ready; a refusal (503 past the wait) is counted for ``model``."""
+        return BodyRoom(self.body_budget, size, lambda exc: self.reject_request(model, exc))
 
     async def parse_json(self, body: bytes) -> dict[str, Any]:
         """A JSON object body; a large one parsed in a child process, its tensors as arrays."""
