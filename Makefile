@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP_CACHE_DIR ?= $(CURDIR)/.cache/pip
 export PIP_CACHE_DIR
 
-.PHONY: install run test lint bench
+.PHONY: install run test lint bench proto
 
 TUNE_TRIALS ?= 0
 
@@ -37,3 +37,8 @@ run: install
 
 bench: install
 	$(PY) loadtest/bench_table.py --tune-trials $(TUNE_TRIALS)
+
+# The gRPC front door's descriptor set, checked in beside its .proto (tests/server/test_grpc_api.py
+# fails when it differs from what this generates).
+proto: install
+	$(PY) -m grpc_tools.protoc -I . --descriptor_set_out=server/grpc_api/inference.binpb server/grpc_api/inference.proto

@@ -17,7 +17,7 @@ def main() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -25,7 +25,19 @@ def main() -> int:
         access_log=settings.access_log,
         timeout_graceful_shutdown=settings.shutdown_grace_seconds,
     )
-    return 0
+    server = Server(config)
+    server.run()
+    return 0 if server.started else 3
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, stopping the gRPC server the moment it stops taking connections: both drain at once."""
+
+    async def shutdown(self, sockets=None) -> None:
+        grpc = getattr(self.config.app.state, "grpc", None)
+        if grpc is not None:
+            grpc.stop()
+        await super().shutdown(sockets)
 
 
 sys.exit(main())

@@ -20,6 +20,7 @@ from .auth import check_exposure
 from .console import DOCS_ASSETS_URL, docs_assets
 from .console import router as console_router
 from .explain_routes import router as explain_router
+from .grpc_api.front_door import GrpcFrontDoor
 from .hot_routes import HotRoutesApp
 from .openapi import finish_openapi
 from .routes import router
@@ -48,7 +49,12 @@ def create_app(
         if settings.demo_model and not service.model_names:
             service.register_default(DEMO_NAME, demo_model_bytes(), DEMO_CONFIG)
             log.info("registered the built-in %r model", DEMO_NAME)
+        grpc = app.state.grpc = GrpcFrontDoor(settings, service, metrics) if settings.grpc_port else None
+        if grpc is not None:
+            await grpc.start()
         yield
+        if grpc is not None:
+            await grpc.stop()  # begun with the HTTP server's shutdown (server.__main__); the calls in flight end
         service.close()
 
     app = HotRoutesApp(title="jitserve", lifespan=lifespan, docs_url=None, redoc_url=None)

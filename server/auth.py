@@ -31,10 +31,15 @@ def check_exposure(settings: Settings) -> None:
 
 
 def require_admin(request: Request) -> None:
-    token = request.app.state.settings.admin_token
+    check_admin(request.app.state.settings.admin_token, request.headers.get("authorization", ""))
+
+
+def check_admin(token: str | None, authorization: str) -> None:
+    """401 unless ``authorization`` (an HTTP header or gRPC metadata value) is ``Bearer <token>``, when a
+    token is set."""
     if not token:
         return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    scheme, _, given = authorization.partition(" ")
     # The scheme is case-insensitive (RFC 9110, 11.1); the token is compared in constant time.
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
         raise UnauthorizedError("this call needs 'Authorization: Bearer <admin token>'")

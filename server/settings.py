@@ -21,6 +21,10 @@ class Settings(CompileSettings):
     port: int = 8000
     """TCP port of the HTTP server."""
 
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    """TCP port of the gRPC server (the Open Inference Protocol's ``inference.GRPCInferenceService``), on
+    ``host`` beside HTTP; 0: no gRPC."""
+
     admin_token: str | None = None
     """When set, ``PUT`` and ``DELETE`` on models need ``Authorization: Bearer <token>``."""
 
@@ -38,8 +42,8 @@ class Settings(CompileSettings):
     """Largest accepted ``/predict`` (JSON) request body, in bytes."""
 
     max_infer_bytes: int = 64 * 1024 * 1024
-    """Largest accepted V2 infer request body, in bytes: carries a batch of eight 640x640 RGB float32
-    images as binary tensors (~39 MiB)."""
+    """Largest accepted V2 infer request body (REST) or message (gRPC), in bytes: carries a batch of eight
+    640x640 RGB float32 images as binary tensors or raw contents (~39 MiB)."""
 
     max_tensor_bytes: int = Field(4 * 1024**3, ge=1)
     """Largest tensor a model may need, in bytes: an input at its smallest, a tensor whose shape is static
@@ -107,8 +111,8 @@ class Settings(CompileSettings):
     the least share; tuning children always run at idle priority."""
 
     shutdown_grace_seconds: float = Field(10.0, ge=0)
-    """On SIGTERM: new connections are refused at once, requests in flight get this long to finish;
-    compile and tuning children are stopped."""
+    """On SIGTERM: new connections and gRPC calls are refused at once, requests and calls in flight get
+    this long to finish; compile and tuning children are stopped."""
 
     compile_idle_priority: bool = False
     """Compile children in Linux's idle scheduling class too: any runnable request preempts them at once

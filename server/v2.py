@@ -4,19 +4,19 @@ tensors. Thin adapters over the same runtime calls as the rest of the API."""
 
 from __future__ import annotations
 
-from importlib.metadata import version as package_version
-
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from compiler.errors import JitServeError, NotFoundError
+from compiler.errors import JitServeError
 
 from .auth import require_admin
 from .body import WireResponse, declared_size, read_limited, server_timing
+from .oip import model_metadata as model_metadata_body
+from .oip import served_version
+from .oip import server_metadata as server_metadata_body
 from .routes import service_of
 from .runtime.inference import Job
-from .runtime.registry import ServedModel
 from .runtime.service import ModelService
 from .schemas import (
     V2InferRequest,
@@ -29,29 +29,14 @@ from .schemas import (
     V2ServerMetadata,
     error_responses,
 )
-from .v2_codec import HEADER_LENGTH, InferRequest, decode_request, encode_response, v2_datatype
+from .v2_codec import HEADER_LENGTH, InferRequest, decode_request, encode_response
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol"])
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
-
-
-def served_version(service: ModelService, name: str, version: str | None) -> ServedModel:
-    served = service.get(name)
-    if version is not None and version != str(served.record.version):
-        raise NotFoundError(f"model {name!r} has no version {version!r}; it serves version {served.record.version}")
-    return served
-
-
-def tensor_metadata(specs) -> list[dict]:
-    return [
-        {"name": s.name, "datatype": v2_datatype(s.dtype), "shape": [d if isinstance(d, int) else -1 for d in s.dims]}
-        for s in specs
-    ]
 
 
 @router.get("", response_model=V2ServerMetadata)
 async def server_metadata() -> dict:
-    return {"name": "jitserve", "version": package_version("jitserve"), "extensions": EXTENSIONS}
+    return server_metadata_body()
 
 
 @router.get("/health/live", response_model=V2Live)
@@ -68,15 +53,7 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/models/{name}", response_model=V2ModelMetadata, responses=error_responses(404))
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=error_responses(404))
 async def model_metadata(name: str, request: Request, version: str | None = None) -> dict:
-    served = served_version(service_of(request), name, version)
-    signature = served.model.signature
-    return {
-        "name": served.name,
-        "versions": [str(served.record.version)],
-        "platform": "onnx",
-        "inputs": tensor_metadata(signature.inputs),
-        "outputs": tensor_metadata(signature.outputs),
-    }
+    return model_metadata_body(served_version(service_of(request), name, version))
 
 
 @router.get("/models/{name}/ready", response_model=V2ModelReady, responses=error_responses(404))

@@ -62,6 +62,19 @@ def _shape(entry: dict, where: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def input_dtype(name: str, datatype: object, expected: dict[str, str], given: dict[str, Any]) -> np.dtype:
+    """The array type of an input the request names with ``datatype``: 400 when the model has no such input,
+    it is in ``given`` already, or the datatype is not the model's."""
+    if name not in expected:
+        raise BadRequestError(f"unknown input {name!r}; the model takes {list(expected)}")
+    if name in given:
+        raise BadRequestError(f"input {name!r} is given twice")
+    want = v2_datatype(expected[name])
+    if datatype != want:
+        raise BadRequestError(f"input {name!r} has datatype {datatype!r}; the model takes {want}")
+    return NUMPY_TYPES[want]
+
+
 def decode_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
     """A V2 infer body -> arrays of the declared datatypes and shapes; 400 naming what is wrong."""
     if header_length is None:
@@ -84,17 +97,9 @@ def decode_request(body: bytes, header_length: str | None, signature: Signature)
     for index, entry in enumerate(request["inputs"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise BadRequestError(f"inputs[{index}] must be an object with a 'name'")
-        name = entry["name"]
+        name, datatype = entry["name"], entry.get("datatype")
         where = f"input {name!r}"
-        if name not in expected:
-            raise BadRequestError(f"unknown input {name!r}; the model takes {list(expected)}")
-        if name in arrays:
-            raise BadRequestError(f"{where} is given twice")
-        datatype = entry.get("datatype")
-        want = v2_datatype(expected[name])
-        if datatype != want:
-            raise BadRequestError(f"{where} has datatype {datatype!r}; the model takes {want}")
-        dtype, shape = NUMPY_TYPES[datatype], _shape(entry, where)
+        dtype, shape = input_dtype(name, datatype, expected, arrays), _shape(entry, where)
         count = math.prod(shape)
         size = _parameters(entry, where).get("binary_data_size")
         if size is not None:

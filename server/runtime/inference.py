@@ -218,7 +218,7 @@ class Inference:
         try:
             run = self._run(job.served, job.arrays, job.plan, bucket)
         except JitServeError as exc:
-            self.metrics.record_request(
+            self.metrics.serving.record_request(
                 model=job.served.name, engine="none", code=exc.http_status, protocol=job.protocol
             )
             raise
@@ -246,7 +246,7 @@ class Inference:
 
     def _answer(self, job: Job, outputs: dict[str, np.ndarray], run: Run) -> Prediction:
         served = job.served
-        self.metrics.record_request(
+        self.metrics.serving.record_request(
             model=served.name,
             engine=run.engine,
             code=200,
@@ -298,7 +298,7 @@ class Inference:
     def reject(self, name: str | None, error: JitServeError) -> None:
         """Count a request refused before it ran; only registered names become labels."""
         model = name if isinstance(name, str) and self.registry.find(name) is not None else ""
-        self.metrics.record_request(model=model, engine="none", code=error.http_status, protocol=PROTOCOL.get())
+        self.metrics.serving.record_request(model=model, engine="none", code=error.http_status, protocol=PROTOCOL.get())
 
     def _kernel_for(self, served: ServedModel, bucket: ServedBucket, plan: BucketPlan) -> Engine | None:
         """The kernel that serves this bucket, or None for ONNX Runtime."""

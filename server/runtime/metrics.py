@@ -38,7 +38,6 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._request_children: dict[tuple[str, str, int, str], tuple[Counter, Histogram]] = {}
         self._before_scrape: list[Callable[[], None]] = []
         r = self.registry
         self.compiles = Counter(
@@ -149,26 +148,7 @@ class Metrics:
         self.tuning_seconds = Counter(
             "jitserve_tuning_seconds_total", "Wall seconds spent in background tuning.", ["model"], registry=r
         )
-        self.requests = Counter(
-            "jitserve_requests_total",
-            "Prediction requests by model, serving engine, HTTP status (a gRPC call counts the status the same "
-            "error has over REST) and protocol (rest, grpc).",
-            ["model", "engine", "code", "protocol"],
-            registry=r,
-        )
-        self.dynamic_requests = Counter(
-            "jitserve_dynamic_requests_total",
-            "Prediction requests to buckets of the dynamic tier (a symbolic kernel per size range), by engine.",
-            ["model", "engine"],
-            registry=r,
-        )
-        self.request_duration = Histogram(
-            "jitserve_request_duration_seconds",
-            "Prediction latency inside the server, by engine and protocol.",
-            ["model", "engine", "protocol"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.serving = RequestMetrics(r)
         self.padding_waste = Histogram(
             "jitserve_padding_waste_ratio",
             "Padded elements / bucket elements per kernel-served request (ONNX Runtime runs unpadded).",
@@ -245,30 +225,6 @@ class Metrics:
 
     def set_queue_depth(self, *, depth: int) -> None:
         self.queue_depth.set(depth)
-
-    def record_request(
-        self,
-        *,
-        model: str,
-        engine: str,
-        code: int,
-        seconds: float | None = None,
-        dynamic: bool = False,
-        protocol: str = "rest",
-    ) -> None:
-        # The labelled children are looked up once: labels() takes a lock and costs more than a tiny model's run.
-        key = (model, engine, code, protocol)
-        children = self._request_children.get(key)
-        if children is None:
-            children = self._request_children[key] = (
-                self.requests.labels(model, engine, str(code), protocol),
-                self.request_duration.labels(model, engine, protocol),
-            )
-        children[0].inc()
-        if dynamic:
-            self.dynamic_requests.labels(model, engine).inc()
-        if seconds is not None:
-            children[1].observe(seconds)
 
     def record_padding(self, *, model: str, waste: float) -> None:
         self.padding_waste.labels(model).observe(waste)
@@ -401,3 +357,63 @@ class MemoryAdmissionMetrics:
 
     def record_refusal(self) -> None:
         self.refusals.inc()
+
+
+class RequestMetrics:
+    """Predictions and gRPC calls: by model, engine, status and protocol."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self._request_children: dict[tuple[str, str, int, str], tuple[Counter, Histogram]] = {}
+        self.requests = Counter(
+            "jitserve_requests_total",
+            "Prediction requests by model, serving engine, HTTP status (a gRPC call counts the status the same "
+            "error has over REST) and protocol (rest, grpc).",
+            ["model", "engine", "code", "protocol"],
+            registry=r,
+        )
+        self.grpc_calls = Counter(
+            "jitserve_grpc_calls_total",
+            "gRPC calls by method (ModelInfer, ServerReady, ...) and status code (OK, INVALID_ARGUMENT, ...).",
+            ["method", "code"],
+            registry=r,
+        )
+        self.dynamic_requests = Counter(
+            "jitserve_dynamic_requests_total",
+            "Prediction requests to buckets of the dynamic tier (a symbolic kernel per size range), by engine.",
+            ["model", "engine"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "jitserve_request_duration_seconds",
+            "Prediction latency inside the server, by engine and protocol.",
+            ["model", "engine", "protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def record_request(
+        self,
+        *,
+        model: str,
+        engine: str,
+        code: int,
+        seconds: float | None = None,
+        dynamic: bool = False,
+        protocol: str = "rest",
+    ) -> None:
+        # The labelled children are looked up once: labels() takes a lock and costs more than a tiny model's run.
+        key = (model, engine, code, protocol)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(model, engine, str(code), protocol),
+                self.request_duration.labels(model, engine, protocol),
+            )
+        children[0].inc()
+        if dynamic:
+            self.dynamic_requests.labels(model, engine).inc()
+        if seconds is not None:
+            children[1].observe(seconds)
+
+    def record_grpc_call(self, *, method: str, code: str) -> None:
+        self.grpc_calls.labels(method, code).inc()

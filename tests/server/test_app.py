@@ -104,7 +104,7 @@ def test_errors_are_json_with_their_status(tmp_path):
     for what, response in answers.items():
         assert set(response.json()) == {"error"}, what
         assert response.json()["error"], what
-    counted = app.state.metrics.requests
+    counted = app.state.metrics.serving.requests
     assert counted.labels("", "none", "404", "rest")._value.get() == 1
     assert counted.labels(DEMO_NAME, "none", "400", "rest")._value.get() == 2  # missing inputs (named), bad rank
     assert counted.labels("", "none", "413", "rest")._value.get() == 1

@@ -1,0 +1,168 @@
+"""Each gRPC call adapted to the runtime calls its REST twin makes (:mod:`server.v2`): same buckets,
+batching, routing and limits, the same errors as gRPC status codes with the same messages."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from compiler.errors import JitServeError
+from compiler.signature import Signature
+
+from ..auth import check_admin
+from ..oip import model_metadata, served_version, server_metadata
+from ..runtime.inference import PROTOCOL
+from ..runtime.metrics import Metrics
+from ..runtime.service import ModelService
+from ..v2_codec import InferRequest
+from . import messages as pb
+from .codec import decode_request, encode_response, typed_elements
+
+log = logging.getLogger("jitserve")
+
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+"""The gRPC status of each HTTP status a :class:`JitServeError` carries; any other is INTERNAL."""
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The one place errors become gRPC statuses, as :func:`server.app.error_response` makes them HTTP."""
+    if isinstance(exc, JitServeError):
+        return STATUS_CODES.get(exc.http_status, grpc.StatusCode.INTERNAL), str(exc)
+    # A server bug: the id ties the client's answer to the traceback in the log.
+    request_id = uuid.uuid4().hex[:16]
+    log.error("unhandled error in a gRPC call (request id %s)", request_id, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__} (request id {request_id})"
+
+
+Call = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def rpc(method: Call) -> Call:
+    """A call counted by method and status, its errors answered through :func:`status_of`."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def call(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        PROTOCOL.set("grpc")  # this call's task only: its predictions are counted under grpc
+        try:
+            response = await method(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - every error answers through the one mapping
+            code, message = status_of(exc)
+            self.metrics.serving.record_grpc_call(method=name, code=code.name)
+            await context.abort(code, message)
+        self.metrics.serving.record_grpc_call(method=name, code="OK")
+        return response
+
+    return call
+
+
+def admin(method: Call) -> Call:
+    """A management call: needs ``authorization: Bearer <admin token>`` metadata when a token is set."""
+
+    @functools.wraps(method)
+    async def call(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        metadata = dict(context.invocation_metadata() or ())
+        check_admin(self.admin_token, metadata.get("authorization", ""))
+        return await method(self, request, context)
+
+    return call
+
+
+class InferenceServicer:
+    """One coroutine per method of ``inference.GRPCInferenceService``, named as the method."""
+
+    def __init__(self, service: ModelService, metrics: Metrics, admin_token: str | None) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.admin_token = admin_token
+
+    @rpc
+    async def ServerLive(self, request, context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @rpc
+    async def ServerReady(self, request, context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.ready()[0])
+
+    @rpc
+    async def ModelReady(self, request, context) -> pb.ModelReadyResponse:
+        served_version(self.service, request.name, request.version or None)
+        return pb.ModelReadyResponse(ready=True)  # ONNX Runtime serves every model from its upload on
+
+    @rpc
+    async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**server_metadata())
+
+    @rpc
+    async def ModelMetadata(self, request, context) -> pb.ModelMetadataResponse:
+        served = served_version(self.service, request.name, request.version or None)
+        return pb.ModelMetadataResponse(**model_metadata(served))
+
+    @rpc
+    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
+        service, name = self.service, request.model_name
+        try:
+            signature = served_version(service, name, request.model_version or None).model.signature
+        except JitServeError as exc:
+            service.reject_request(name, exc)
+            raise
+        # Raw contents cost a copy to decode; typed ones a Python conversion per value (off the loop when many).
+        async with service.body_room(request.ByteSize(), name):
+            work = typed_elements(request) * 8
+            decoded, job = await service.off_loop(work, self._prepare, name, request, signature, model=name)
+            prediction = await service.run(job)
+            return await service.off_loop(
+                prediction.nbytes,
+                functools.partial(encode_response, raw=bool(request.raw_input_contents)),
+                prediction.model,
+                prediction.version,
+                decoded,
+                prediction.outputs,
+            )
+
+    def _prepare(self, name: str, request: pb.ModelInferRequest, signature: Signature) -> tuple[InferRequest, Any]:
+        """A request decoded and planned; a refusal is counted."""
+        try:
+            decoded = decode_request(request, signature)
+            return decoded, self.service.prepare(name, decoded.inputs)
+        except JitServeError as exc:
+            self.service.reject_request(name, exc)
+            raise
+
+    # -- the model repository extension, under the admin token
+
+    @rpc
+    @admin
+    async def RepositoryIndex(self, request, context) -> pb.RepositoryIndexResponse:
+        """Every stored model: READY when served, UNAVAILABLE when unloaded (only the first with ``ready``)."""
+        models = await asyncio.to_thread(self.service.repository_index)
+        return pb.RepositoryIndexResponse(models=[m for m in models if m["state"] == "READY" or not request.ready])
+
+    @rpc
+    @admin
+    async def RepositoryModelLoad(self, request, context) -> pb.RepositoryModelLoadResponse:
+        """Serve a stored model again (its newest version); RESOURCE_EXHAUSTED when its weights would not fit."""
+        await asyncio.to_thread(self.service.load_stored, request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    @admin
+    async def RepositoryModelUnload(self, request, context) -> pb.RepositoryModelUnloadResponse:
+        """Stop serving a model and keep it stored (a restart serves it again)."""
+        await asyncio.to_thread(self.service.unload, request.model_name)
+        return pb.RepositoryModelUnloadResponse()
