@@ -17,7 +17,7 @@ RUN pip install .
 
 RUN useradd --create-home --uid 10001 jitserve && mkdir -p /data && chown jitserve:jitserve /data
 USER jitserve
-ENV JITSERVE_DATA_DIR=/data JITSERVE_HOST=0.0.0.0 JITSERVE_PORT=8000
+ENV JITSERVE_DATA_DIR=/data JITSERVE_HOST=0.0.0.0 JITSERVE_PORT=8000 JITSERVE_GRPC_PORT=8001
 
 # Optional ahead-of-time compile: the kernels land in /data and a fresh volume starts with them.
 COPY --chown=jitserve:jitserve aot/ ./aot/
@@ -26,7 +26,9 @@ ARG AOT_SHAPES=""
 RUN if [ -n "$AOT_MODEL" ]; then python -m compiler compile "$AOT_MODEL" $AOT_SHAPES --store /data/kernels; fi
 
 VOLUME /data
-EXPOSE 8000
+# 8000: HTTP (REST, /v2, /metrics, /healthz); 8001: gRPC, the Open Inference Protocol's
+# inference.GRPCInferenceService (JITSERVE_GRPC_PORT; 0 turns it off).
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"
 # A non-loopback bind needs JITSERVE_ADMIN_TOKEN: the server refuses to start without it.

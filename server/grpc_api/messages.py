@@ -4,10 +4,12 @@ another definition of ``inference.*`` (tritonclient's, KServe's) keeps both."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 SERVICE = "inference.GRPCInferenceService"
 DESCRIPTOR_SET = Path(__file__).with_name("inference.binpb")
@@ -33,12 +35,31 @@ RepositoryModelLoadResponse = _message("RepositoryModelLoadResponse")
 RepositoryModelUnloadResponse = _message("RepositoryModelUnloadResponse")
 
 
+@dataclass(frozen=True)
+class MalformedMessage:
+    """A request that does not parse as its message: handed to the method, which answers INVALID_ARGUMENT
+    (gRPC itself answers a parser's exception with INTERNAL, as if the server were at fault)."""
+
+    message: str
+    problem: str
+
+
+def _parser(message_class: type):
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return MalformedMessage(message_class.DESCRIPTOR.name, str(exc))
+
+    return parse
+
+
 def method_handlers(servicer: object) -> dict[str, grpc.RpcMethodHandler]:
     """Every method of the service, answered by the servicer's coroutine of the same name."""
     return {
         method.name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name),
-            request_deserializer=message_factory.GetMessageClass(method.input_type).FromString,
+            request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
             response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString,
         )
         for method in POOL.FindServiceByName(SERVICE).methods

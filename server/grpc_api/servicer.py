@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from compiler.errors import JitServeError
+from compiler.errors import BadRequestError, JitServeError
 from compiler.signature import Signature
 
 from ..auth import check_admin
@@ -60,6 +60,8 @@ def rpc(method: Call) -> Call:
     async def call(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         PROTOCOL.set("grpc")  # this call's task only: its predictions are counted under grpc
         try:
+            if isinstance(request, pb.MalformedMessage):
+                raise BadRequestError(f"malformed {request.message}: {request.problem}")
             response = await method(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every error answers through the one mapping
             code, message = status_of(exc)

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile", "Dockerfile.cuda"]
@@ -26,6 +27,17 @@ def instructions(name: str) -> list[tuple[str, str]]:
             keyword, _, rest = line.partition(" ")
             result.append((keyword.upper(), rest.strip()))
     return result
+
+
+def exposed(steps: list[tuple[str, str]]) -> set[str]:
+    """The ports of every EXPOSE, without a /tcp suffix."""
+    return {p.split("/")[0] for k, args in steps if k == "EXPOSE" for p in args.split()}
+
+
+def env_ports(steps: list[tuple[str, str]]) -> dict[str, str]:
+    """JITSERVE_PORT and JITSERVE_GRPC_PORT as the ENV lines set them."""
+    env = " ".join(args for k, args in steps if k == "ENV")
+    return dict(re.findall(r"\b(JITSERVE_(?:GRPC_)?PORT)=(\S+)", env))
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
@@ -66,11 +78,34 @@ def test_runs_as_non_root_with_data_volume_and_healthcheck(name):
     assert ("VOLUME", "/data") in steps
     env = " ".join(args for k, args in steps if k == "ENV")
     assert "JITSERVE_DATA_DIR=/data" in env
-    port = re.search(r"JITSERVE_PORT=(\d+)", env).group(1)
-    assert ("EXPOSE", port) in steps
+    port = re.search(r"\bJITSERVE_PORT=(\d+)", env).group(1)
+    assert port in exposed(steps)
     healthcheck = next(args for k, args in steps if k == "HEALTHCHECK")
     assert f"127.0.0.1:{port}/healthz" in healthcheck
     assert next(args for k, args in steps if k == "CMD") == '["python", "-m", "server"]'
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_exposes_http_and_grpc_ports_it_sets(name):
+    steps = instructions(name)
+    ports = env_ports(steps)
+    assert ports == {"JITSERVE_PORT": "8000", "JITSERVE_GRPC_PORT": "8001"}, f"{name}: {ports}"
+    # Exactly the two ports the server listens on: gRPC beside HTTP, nothing stale.
+    assert exposed(steps) == set(ports.values()), f"{name} exposes {sorted(exposed(steps))}"
+
+
+def test_compose_publishes_the_http_and_grpc_ports_it_sets():
+    service = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["jitserve"]
+    env = service["environment"]
+    ports = {name: str(env[name]) for name in ("JITSERVE_PORT", "JITSERVE_GRPC_PORT")}
+    assert ports == {"JITSERVE_PORT": "8000", "JITSERVE_GRPC_PORT": "8001"}
+    assert env["JITSERVE_HOST"] == "0.0.0.0"  # the published ports reach the server only off loopback
+    # Each port published on the same host port, both as "HOST:CONTAINER" strings.
+    published = {str(p).rpartition(":")[2].split("/")[0]: str(p) for p in service["ports"]}
+    for port in ports.values():
+        assert published.get(port) == f"{port}:{port}", f"compose does not publish {port}: {service['ports']}"
+    # The image's own EXPOSE names the same ports.
+    assert set(ports.values()) <= exposed(instructions(service["build"]["dockerfile"]))
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
