@@ -16,16 +16,18 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 def start_server(data_dir: str, **settings) -> tuple[subprocess.Popen, str]:
-    """``python -m server`` on 127.0.0.1 with ``JITSERVE_*`` settings; returns (process, url)."""
-    port = _free_port()
+    """``python -m server`` on 127.0.0.1 with ``JITSERVE_*`` settings; returns (process, url). gRPC is off
+    unless ``grpc_port`` is given."""
+    port = free_port()
     env = dict(os.environ, JITSERVE_DATA_DIR=data_dir, JITSERVE_PORT=str(port), JITSERVE_DEMO_MODEL="false")
+    env["JITSERVE_GRPC_PORT"] = "0"
     env.update({f"JITSERVE_{k.upper()}": str(v) for k, v in settings.items()})
     process = subprocess.Popen(
         [sys.executable, "-m", "server"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

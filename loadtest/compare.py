@@ -3,14 +3,18 @@ one run (in the spirit of Triton's perf_analyzer):
 
     .venv/bin/python loadtest/compare.py [--models demo cls] [--connections 1 8 32] [--duration 10]
 
-For each model it starts the naive server (``loadtest/naive_server.py``) and one jitserve process
-(ONNX Runtime serving every bucket unless ``--jit``, so that the request path is what differs), then
-drives each with ``wrk`` (Debian's package) at every connection count: the naive server with JSON,
-jitserve with JSON on ``/predict``, with V2 binary tensors, and with V2 binary tensors on a copy of
-the model with dynamic batching. Every request is one batch-1 input. It prints one Markdown table
-of req/s, p50 and p99 with the ratio to the naive server's JSON throughput, then the V2 binary
-overhead: a sequential client's round trip minus the engine's share (``Server-Timing``), p50.
-JSON lines go to ``DIR/compare.jsonl``.
+For each model it starts the naive server (``loadtest/naive_server.py``) in both forms a newcomer
+writes (``def`` on FastAPI's thread pool, and ``async def`` running ONNX Runtime on the event loop)
+and one jitserve process (ONNX Runtime serving every bucket unless ``--jit``, so that the request
+path is what differs), then drives them at every connection count: with ``wrk`` (Debian's package)
+the naive servers with JSON, jitserve with JSON on ``/predict``, with V2 binary tensors, and with V2
+binary tensors on a copy of the model with dynamic batching; with ``h2load`` (Debian's
+``nghttp2-client``) jitserve's gRPC ``ModelInfer`` with raw contents, on both copies. A
+connection count is concurrent calls: wrk's connections, h2load's streams over
+``--grpc-connections`` connections. Every request is one batch-1 input. It prints one Markdown
+table of req/s, p50 and p99 with the ratio to the naive reference (the faster naive form at that
+load) and to jitserve's REST V2 binary, then the V2 binary overhead: a sequential client's round
+trip minus the engine's share (``Server-Timing``), p50. JSON lines go to ``DIR/compare.jsonl``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -37,7 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from compiler.demo import demo_model_bytes  # noqa: E402
-from loadtest.common import start_server, wait_warm  # noqa: E402
+from loadtest.common import free_port, start_server, wait_warm  # noqa: E402
+from server.grpc_api import messages as grpc_messages  # noqa: E402
 from tests.realmodels import CLS, real_model  # noqa: E402
 
 MODELS = {"demo": ("x", (1, 4)), "cls": ("x", (1, 3, 48, 192))}
@@ -62,18 +68,16 @@ def model_file(name: str, folder: Path) -> Path:
     return real_model(CLS)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+NAIVE_FORMS = {"naive (thread pool)": {}, "naive (inline async)": {"NAIVE_INLINE": "1"}}
+"""The two handlers a newcomer writes, by the name the table gives them: the faster is the reference."""
 
 
-def start_naive(model: Path) -> tuple[subprocess.Popen, str]:
+def start_naive(model: Path, form: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "loadtest.naive_server:app", "--port", str(port), "--log-level", "warning"],
         cwd=REPO,
-        env=dict(os.environ, NAIVE_MODEL=str(model)),
+        env=dict(os.environ, NAIVE_MODEL=str(model), **form),
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -100,6 +104,42 @@ def v2_binary_body(input_name: str, x: np.ndarray) -> tuple[bytes, int]:
         }
     )
     return head + x.tobytes(), len(head)
+
+
+def grpc_body(folder: Path, name: str, model: str, input_name: str, x: np.ndarray) -> Path:
+    """One ``ModelInfer`` call with raw contents, framed as gRPC puts it on HTTP/2 (a flag byte, a length)."""
+    request = grpc_messages.ModelInferRequest(model_name=model, raw_input_contents=[x.tobytes()])
+    request.inputs.add(name=input_name, datatype="FP32", shape=x.shape)
+    message = request.SerializeToString()
+    path = folder / f"{name}.grpc"
+    path.write_bytes(b"\0" + struct.pack(">I", len(message)) + message)
+    return path
+
+
+def run_h2load(url: str, body: Path, streams: int, *, connections: int, seconds: int, log: Path) -> dict:
+    """gRPC unary calls at ``streams`` in flight over ``connections`` HTTP/2 connections; latencies from h2load's
+    per-request log. gRPC errors travel in trailers behind HTTP 200: the caller counts them from the server."""
+    connections = min(connections, streams)
+    out = subprocess.run(
+        ["h2load", "-t1", f"-c{connections}", f"-m{-(-streams // connections)}", f"-D{seconds}", f"--log-file={log}",
+         "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body), url],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    latencies = sorted(int(line.split("\t")[2]) / 1000 for line in log.read_text().splitlines() if line)
+    failed = re.search(r"requests: .*?(\d+) failed, (\d+) errored", out)
+    return {
+        "rps": float(re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out)[1]),
+        "p50_ms": latencies[len(latencies) // 2],
+        "p99_ms": latencies[int(len(latencies) * 0.99)],
+        "errors": int(failed[1]) + int(failed[2]),
+    }
+
+
+def grpc_failures(url: str) -> float:
+    """ModelInfer calls that did not end OK, from the server's own count."""
+    text = httpx.get(f"{url}/metrics").text
+    found = re.findall(r'^jitserve_grpc_calls_total\{code="(\w+)",method="ModelInfer"\} ([\d.e+]+)$', text, re.M)
+    return sum(float(n) for code, n in found if code != "OK")
 
 
 def wrk_script(folder: Path, name: str, body: bytes, headers: dict[str, str]) -> Path:
@@ -181,8 +221,10 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
     binary_headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(head_length)}
 
     settings = {} if args.jit else {"compile_workers": 0}
-    jitserve, url = start_server(str(folder / f"data-{name}"), **settings)
-    naive, naive_url = start_naive(path)
+    grpc_port = free_port()
+    jitserve, url = start_server(str(folder / f"data-{name}"), grpc_port=grpc_port, **settings)
+    naives = {form: start_naive(path, env) for form, env in NAIVE_FORMS.items()}
+    grpc_url = f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/ModelInfer"
     rows: list[dict] = []
     try:
         # With --jit, every batch bucket a load can reach is compiled and routed before it runs.
@@ -191,56 +233,77 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
             files = {"model": ("model.onnx", path.read_bytes()), "config": ("config.json", json.dumps(config))}
             httpx.put(f"{url}/models/{model}", files=files, timeout=300).raise_for_status()
         wait_warm(url, [name, f"{name}-batched"])
-        loads = [
-            ("naive", "JSON", f"{naive_url}/predict", wrk_script(folder, f"{name}-naive", json_body, json_headers)),
-            ("jitserve", "JSON", f"{url}/predict", wrk_script(folder, f"{name}-json", json_body, json_headers)),
-            (
-                "jitserve",
-                "V2 binary",
-                f"{url}/v2/models/{name}/infer",
-                wrk_script(folder, f"{name}-v2", binary, binary_headers),
-            ),
-            (
-                "jitserve",
-                "V2 binary, dynamic batching",
-                f"{url}/v2/models/{name}-batched/infer",
-                wrk_script(folder, f"{name}-v2b", binary, binary_headers),
-            ),
-        ]
+        naive_script = wrk_script(folder, f"{name}-naive", json_body, json_headers)
+        json_script = wrk_script(folder, f"{name}-json", json_body, json_headers)
+        # (server, load, the model it reaches or None, a function of (connections, seconds) -> result)
+        loads = [(form, "JSON", None, _wrk(f"{base}/predict", naive_script)) for form, (_, base) in naives.items()]
+        loads += [
+            ("jitserve", "JSON", name, _wrk(f"{url}/predict", json_script)),
+            ("jitserve", "V2 binary", name,
+             _wrk(f"{url}/v2/models/{name}/infer", wrk_script(folder, f"{name}-v2", binary, binary_headers))),
+            ("jitserve", "V2 binary, dynamic batching", f"{name}-batched",
+             _wrk(f"{url}/v2/models/{name}-batched/infer", wrk_script(folder, f"{name}-v2b", binary, binary_headers))),
+        ]  # fmt: skip
+        for model, load in ((name, "gRPC raw"), (f"{name}-batched", "gRPC raw, dynamic batching")):
+            body = grpc_body(folder, model, model, input_name, x)
+            loads.append(("jitserve", load, model, _h2load(grpc_url, body, args.grpc_connections, folder / "h2.log")))
         for connections in args.connections:
-            for server, load, target, script in loads:
-                run_wrk(target, script, connections, 2)  # warm-up: buckets seen, kernels and routes settled
-                result = run_wrk(target, script, connections, args.duration)
+            for server, load, model, drive in loads:
+                drive(connections, 2)  # warm-up: buckets seen, kernels and routes settled
+                failed = grpc_failures(url)
+                result = drive(connections, args.duration)
+                if load.startswith("gRPC"):
+                    result["errors"] += int(grpc_failures(url) - failed)
                 row = {"model": name, "server": server, "load": load, "connections": connections, **result}
-                if server == "jitserve":  # the engines serving the model the load reached, as routing chose
-                    served = target.removeprefix(f"{url}/v2/models/").removesuffix("/infer").removeprefix(f"{url}/")
-                    described = httpx.get(f"{url}/models/{name if served == 'predict' else served}").json()
-                    row["engines"] = "+".join(sorted({bucket["engine"] for bucket in described["buckets"]}))
+                if model is not None:  # the engines serving the model the load reached, as routing chose
+                    buckets = httpx.get(f"{url}/models/{model}").json()["buckets"]
+                    row["engines"] = "+".join(sorted({bucket["engine"] for bucket in buckets}))
                 rows.append(row)
                 print(json.dumps(rows[-1]), file=sys.stderr)
         overhead = sequential_overhead(url, f"/v2/models/{name}/infer", binary, binary_headers)
         rows.append({"model": name, "server": "jitserve", "load": "V2 binary, sequential overhead", **overhead})
     finally:
-        for process in (jitserve, naive):
+        for process in (jitserve, *(process for process, _ in naives.values())):
             process.terminate()
             process.wait(30)
     return rows
 
 
+def _wrk(url: str, script: Path):
+    return lambda connections, seconds: run_wrk(url, script, connections, seconds)
+
+
+def _h2load(url: str, body: Path, grpc_connections: int, log: Path):
+    return lambda streams, seconds: run_h2load(
+        url, body, streams, connections=grpc_connections, seconds=seconds, log=log
+    )
+
+
 def table(rows: list[dict]) -> str:
+    """The loads with their ratios to the naive reference (the faster naive form at that model and load) and to
+    jitserve's REST V2 binary."""
     lines = [
-        "| model | connections | server, load | req/s | p50 ms | p99 ms | errors | req/s vs naive JSON | engines |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | connections | server, load | req/s | p50 ms | p99 ms | errors | vs naive reference | "
+        "vs V2 binary | engines |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    naive = {(r["model"], r["connections"]): r["rps"] for r in rows if r["server"] == "naive"}
+    reference: dict[tuple, float] = {}
+    binary: dict[tuple, float] = {}
+    for r in rows:
+        key = (r["model"], r.get("connections"))
+        if r["server"] in NAIVE_FORMS:
+            reference[key] = max(reference.get(key, 0.0), r["rps"])
+        elif r["load"] == "V2 binary":
+            binary[key] = r["rps"]
     for r in rows:
         if "rps" not in r:
             continue
-        ratio = r["rps"] / naive[(r["model"], r["connections"])]
+        key = (r["model"], r["connections"])
+        versus_binary = f"{r['rps'] / binary[key]:.2f}x" if r["server"] == "jitserve" and key in binary else ""
         lines.append(
             f"| {r['model']} | {r['connections']} | {r['server']}, {r['load']} | {r['rps']:,.0f} | "
-            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {ratio:.2f}x | "
-            f"{r.get('engines', 'onnxruntime')} |"
+            f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {r['rps'] / reference[key]:.2f}x | "
+            f"{versus_binary} | {r.get('engines', 'onnxruntime')} |"
         )
     for r in rows:
         if "beyond_engine_p50_ms" in r:
@@ -257,11 +320,15 @@ def main() -> int:
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--duration", type=int, default=10, help="seconds of load per measurement")
     parser.add_argument("--jit", action="store_true", help="let jitserve compile and route kernels too")
+    parser.add_argument(
+        "--grpc-connections", type=int, default=1, help="HTTP/2 connections the gRPC calls share (a channel: 1)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "loadtest" / "results")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        print("wrk not found: apt-get install wrk", file=sys.stderr)
-        return 2
+    for program, package in (("wrk", "wrk"), ("h2load", "nghttp2-client")):
+        if shutil.which(program) is None:
+            print(f"{program} not found: apt-get install {package}", file=sys.stderr)
+            return 2
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as folder:

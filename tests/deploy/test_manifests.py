@@ -37,6 +37,7 @@ CUSTOM_RESOURCES = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
 }
 PORT = 8000
+GRPC_PORT = 8001  # JITSERVE_GRPC_PORT: the Open Inference Protocol's inference.GRPCInferenceService
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -167,6 +168,8 @@ def test_kserve_documents_are_valid(name):
         ("ClusterServingRuntime", lambda d: d["spec"].update(supportedModelFormat=d["spec"]["supportedModelFormats"])),
         ("ClusterServingRuntime", lambda d: d["spec"]["containers"][0].update(port=8000)),
         ("ClusterServingRuntime", lambda d: d["spec"].update(protocolVersions=["v3"])),
+        ("ClusterServingRuntime", lambda d: d["spec"]["supportedModelFormats"][0].update(protocolVersions=["v2"])),
+        ("Service", lambda d: d["spec"]["ports"][1].update(appProtocol=2)),
         ("InferenceService", lambda d: d["spec"]["predictor"]["model"].pop("modelFormat")),
         ("InferenceService", lambda d: d["spec"]["predictor"]["volumes"][0].update(pvc={})),
         ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 seconds")),
@@ -209,7 +212,7 @@ def test_probes_ask_readyz_and_healthz_on_8000(overlay):
         assert start.get("periodSeconds", 10) * start.get("failureThreshold", 3) >= 120
     else:
         assert c["livenessProbe"].get("initialDelaySeconds", 0) >= 60
-    assert {p["containerPort"] for p in c["ports"]} == {PORT}
+    assert {p["containerPort"] for p in c["ports"]} == {PORT, GRPC_PORT}
     assert env(c)["JITSERVE_PORT"]["value"] == str(PORT)
     assert env(c)["JITSERVE_HOST"]["value"] == "0.0.0.0"
 
@@ -273,11 +276,33 @@ def test_pods_carry_scrape_annotations_and_the_service_port_8000(overlay):
     assert annotations["prometheus.io/port"] == str(PORT)
     assert annotations["prometheus.io/path"] == "/metrics"
     service = only(docs, "Service")
-    (port,) = service["spec"]["ports"]
+    port = next(p for p in service["spec"]["ports"] if p["name"] == "http")
     assert port["port"] == PORT
     assert resolve_port(container(docs), port["targetPort"]) == PORT
     labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_grpc_port_is_the_one_jitserve_listens_on_and_the_service_routes_to_it(overlay):
+    docs = render(overlay)
+    c = container(docs)
+    listens = int(env(c)["JITSERVE_GRPC_PORT"]["value"])
+    assert listens == GRPC_PORT != int(env(c)["JITSERVE_PORT"]["value"])
+    # The container port named grpc is the one JITSERVE_GRPC_PORT binds; http and grpc, nothing else.
+    ports = {p["name"]: p for p in c["ports"]}
+    assert set(ports) == {"http", "grpc"}
+    assert (ports["grpc"]["containerPort"], ports["grpc"].get("protocol", "TCP")) == (listens, "TCP")
+    # The Service's grpc port reaches it, marked HTTP/2 over cleartext for Gateway API backends.
+    service = only(docs, "Service")
+    (grpc,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert grpc["port"] == GRPC_PORT
+    assert resolve_port(c, grpc["targetPort"]) == listens
+    assert grpc.get("protocol", "TCP") == "TCP"
+    assert grpc.get("appProtocol") == "kubernetes.io/h2c"
+    # Each Service port goes to a different container port.
+    targets = [resolve_port(c, p["targetPort"]) for p in service["spec"]["ports"]]
+    assert sorted(targets) == sorted({p["containerPort"] for p in c["ports"]})
 
 
 def test_cpu_overlay_runs_the_cpu_image_without_a_gpu():
@@ -326,12 +351,15 @@ def test_kserve_runtime_serves_onnx_over_open_inference_protocol_v2():
     runtime = only(kserve_documents(), "ClusterServingRuntime")
     spec = runtime["spec"]
     assert {"name": "onnx", "autoSelect": True} in spec["supportedModelFormats"]
-    assert spec["protocolVersions"] == ["v2"]
+    # REST first: an InferenceService that names no protocolVersion gets v2.
+    assert spec["protocolVersions"] == ["v2", "grpc-v2"]
     (c,) = spec["containers"]
     assert c["name"] == "kserve-container"  # KServe merges the InferenceService's model container into it
     assert c["image"] == "jitserve:latest"
-    assert [p["containerPort"] for p in c["ports"]] == [PORT]
+    # One port, as Knative (Serverless) allows and KServe's own runtimes declare: the HTTP one.
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http1", PORT)]
     assert env(c)["JITSERVE_PORT"]["value"] == str(PORT)
+    assert env(c)["JITSERVE_GRPC_PORT"]["value"] == str(GRPC_PORT)
     assert env(c)["JITSERVE_HOST"]["value"] == "0.0.0.0"
     assert "secretKeyRef" in env(c)["JITSERVE_ADMIN_TOKEN"]["valueFrom"]
     assert (c["readinessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["port"]) == ("/readyz", PORT)
@@ -362,3 +390,59 @@ def test_kserve_inference_service_uses_the_runtime_and_its_secret_and_volume():
     secret = only(docs, "Secret")
     assert secret["metadata"]["name"] == ref["name"]
     assert ref["key"] in secret["stringData"]
+
+
+def strategic_merge_ports(runtime: list[dict], model: list[dict]) -> list[dict]:
+    """The predictor container's ports: KServe merges the InferenceService's model container into the
+    runtime's with a strategic merge patch, ports keyed by containerPort (apimachinery's mergeSlice:
+    the model's ports in its order, the runtime's others where they stood)."""
+    keys = [p["containerPort"] for p in runtime]
+    patched = [next((r for r in runtime if r["containerPort"] == p["containerPort"]), {}) | p for p in model]
+    kept = [r for r in runtime if r["containerPort"] not in {p["containerPort"] for p in model}]
+    merged = []
+    while patched or kept:
+        first = patched[0]["containerPort"] if patched else None
+        if kept and (not patched or (first in keys and keys.index(first) > keys.index(kept[0]["containerPort"]))):
+            merged.append(kept.pop(0))
+        else:
+            merged.append(patched.pop(0))
+    return merged
+
+
+def kserve_service_ports(ports: list[dict]) -> dict[int, tuple[int, str | None]]:
+    """Service port -> (container port, appProtocol) of the Service KServe makes for a Standard-mode
+    predictor (service_reconciler.go createDefaultSvc): the first container port on port 80, the others
+    on their own number, kubernetes.io/h2c for a port whose name holds "grpc" or "h2c"."""
+
+    def app_protocol(p):
+        return "kubernetes.io/h2c" if "grpc" in p["name"] or "h2c" in p["name"] else None
+
+    first, *others = ports
+    return {80: (first["containerPort"], app_protocol(first))} | {
+        p["containerPort"]: (p["containerPort"], app_protocol(p)) for p in others
+    }
+
+
+def test_kserve_standard_mode_routes_rest_and_grpc_to_the_ports_jitserve_listens_on():
+    docs = kserve_documents()
+    runtime, service = only(docs, "ClusterServingRuntime"), only(docs, "InferenceService")
+    assert "grpc-v2" in runtime["spec"]["protocolVersions"]
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    (c,) = runtime["spec"]["containers"]
+    model = service["spec"]["predictor"]["model"]
+    rest, grpc = (int(env(c)[name]["value"]) for name in ("JITSERVE_PORT", "JITSERVE_GRPC_PORT"))
+    ports = strategic_merge_ports(c["ports"], model.get("ports", []))
+    assert {p["containerPort"] for p in ports} == {rest, grpc}
+    assert all(p.get("protocol", "TCP") == "TCP" for p in ports)
+    # REST on the Service's port 80 (the InferenceService's URL), gRPC on its own port as h2c.
+    assert kserve_service_ports(ports) == {80: (rest, None), grpc: (grpc, "kubernetes.io/h2c")}
+
+
+def test_strategic_merge_ports_keeps_the_runtime_port_first_only_when_the_model_lists_it():
+    runtime = [{"name": "http1", "containerPort": PORT}]
+    grpc = {"name": "grpc", "containerPort": GRPC_PORT}
+    # A model that lists only the gRPC port puts it first: port 80 would be gRPC.
+    assert [p["containerPort"] for p in strategic_merge_ports(runtime, [grpc])] == [GRPC_PORT, PORT]
+    both = [{"name": "http1", "containerPort": PORT}, grpc]
+    assert strategic_merge_ports(runtime, both) == both
+    assert strategic_merge_ports(runtime, []) == runtime
