@@ -120,6 +120,7 @@ def run_h2load(url: str, body: Path, streams: int, *, connections: int, seconds:
     """gRPC unary calls at ``streams`` in flight over ``connections`` HTTP/2 connections; latencies from h2load's
     per-request log. gRPC errors travel in trailers behind HTTP 200: the caller counts them from the server."""
     connections = min(connections, streams)
+    log.unlink(missing_ok=True)  # h2load appends
     out = subprocess.run(
         ["h2load", "-t1", f"-c{connections}", f"-m{-(-streams // connections)}", f"-D{seconds}", f"--log-file={log}",
          "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body), url],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
 import struct
 import threading
 import time
@@ -343,3 +344,14 @@ def test_hand_fuzzer_gets_no_internal_error_and_the_server_lives(client, server)
     answer = client.infer("demo", [demo_input(x)]).as_numpy("probs")
     np.testing.assert_allclose(answer, OrtEngine(DEMO).run({"x": x})["probs"], rtol=1e-6)
     assert wait_until(lambda: httpx.get(f"{server.url}/healthz").status_code == 200, timeout=10)
+
+
+def test_a_grpc_port_in_use_stops_the_start_saying_so(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ServerProcess(tmp_path / "data", compile_workers=0, grpc_port=port)
+        with pytest.raises(RuntimeError, match="server exited"):
+            server.start(timeout=60)
+    assert f"gRPC cannot listen on 127.0.0.1:{port}" in server.log()
