@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from compiler.errors import BadRequestError, JitServeError
+from compiler.errors import BadRequestError, JitServeError, NotFoundError
 from compiler.signature import Signature
 
 from ..auth import check_admin
@@ -103,8 +103,13 @@ class InferenceServicer:
 
     @rpc
     async def ModelReady(self, request, context) -> pb.ModelReadyResponse:
-        served_version(self.service, request.name, request.version or None)
-        return pb.ModelReadyResponse(ready=True)  # ONNX Runtime serves every model from its upload on
+        """Ready while served (ONNX Runtime serves every model from its upload on); a model or version not
+        served is not ready, as Triton answers it (and as tritonclient reads REST's 404)."""
+        try:
+            served_version(self.service, request.name, request.version or None)
+        except NotFoundError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
 
     @rpc
     async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
