@@ -1,14 +1,16 @@
 """The Open Inference Protocol over gRPC against a real server, driven by Triton's ``tritonclient.grpc``
-(pinned, unmodified) and by raw bytes: metadata, readiness, infer with raw and typed contents, the
-repository calls under the admin token, errors as status codes with the REST side's messages, metrics
-by protocol, dynamic batching, the drain on SIGTERM and a hand fuzzer."""
+(pinned, unmodified), KServe's ``InferenceGRPCClient`` and raw bytes: metadata, readiness, infer with raw
+and typed contents, the repository calls under the admin token, errors as status codes with the REST
+side's messages, metrics by protocol, dynamic batching, the drain on SIGTERM and a hand fuzzer."""
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 
@@ -26,6 +28,7 @@ from server.grpc_api import messages as pb
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, free_port, metric_value, wait_until
 from tests.integration.test_serving import upload
+from tests.integration.test_v2 import KSERVE_PYTHON, REPO
 
 DEMO = demo_model_bytes()
 TOKEN = "grpc-secret"
@@ -355,3 +358,23 @@ def test_a_grpc_port_in_use_stops_the_start_saying_so(tmp_path):
         with pytest.raises(RuntimeError, match="server exited"):
             server.start(timeout=60)
     assert f"gRPC cannot listen on 127.0.0.1:{port}" in server.log()
+
+
+def test_kserve_grpc_client_typed_and_raw(server):
+    if not KSERVE_PYTHON.exists():
+        pytest.fail("KServe's client is not installed: make test installs it into .cache/kserve-venv")
+    run = subprocess.run(
+        [str(KSERVE_PYTHON), "tests/integration/kserve_grpc_client.py", server.grpc_target, "demo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout)
+    assert (found["live"], found["ready"], found["model_ready"]) == (True, True, True)
+    want = OrtEngine(DEMO).run({"x": np.asarray(found["input"], np.float32)})["probs"]
+    for kind in ("typed", "raw"):
+        assert (found[kind]["id"], found[kind]["model_name"]) == (f"kserve-grpc-{kind == 'raw'}", "demo")
+        np.testing.assert_allclose(found[kind]["probs"], want, rtol=1e-6)
