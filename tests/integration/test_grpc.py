@@ -33,6 +33,7 @@ from tests.integration.test_v2 import KSERVE_PYTHON, REPO
 DEMO = demo_model_bytes()
 TOKEN = "grpc-secret"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+EXACT = {"axes": {"batch": {"kind": "exact"}}}
 BATCHING = {"dynamic_batching": {"max_batch_size": 8, "max_queue_delay_us": 100_000}}
 
 
@@ -238,7 +239,7 @@ def test_message_limit_is_the_infer_limit(tmp_path):
 def test_sigterm_lets_a_call_in_flight_finish_and_refuses_new_ones(tmp_path):
     server = grpc_server(tmp_path / "data", shutdown_grace_seconds=30)
     with server.client() as http:
-        assert upload(http, "slow", synthetic.slow_model(), {"axes": {"batch": {"kind": "exact"}}}).status_code == 201
+        assert upload(http, "slow", synthetic.slow_model(), EXACT).status_code == 201
     x = np.full((4096, 4), 0.5, dtype=np.float32)  # ~1.4 s of ONNX Runtime on two cores
     answers: list = []
 
@@ -378,3 +379,36 @@ def test_kserve_grpc_client_typed_and_raw(server):
     for kind in ("typed", "raw"):
         assert (found[kind]["id"], found[kind]["model_name"]) == (f"kserve-grpc-{kind == 'raw'}", "demo")
         np.testing.assert_allclose(found[kind]["probs"], want, rtol=1e-6)
+
+
+def test_a_full_inference_pool_answers_unavailable(tmp_path):
+    server = grpc_server(tmp_path / "data", inference_threads=1, inference_queue_size=0)
+    try:
+        with server.client() as http:
+            assert upload(http, "slow", synthetic.slow_model(), EXACT).status_code == 201
+        x = np.full((1024, 4), 0.25, dtype=np.float32)  # ~0.35 s of ONNX Runtime on two cores
+        clients = [triton.InferenceServerClient(server.grpc_target) for _ in range(8)]
+        clients[0].infer("slow", [demo_input(x)])
+        gate = threading.Barrier(len(clients))
+        outcomes: list[tuple[str, str]] = []
+
+        def fire(own: triton.InferenceServerClient) -> None:
+            gate.wait()
+            try:
+                own.infer("slow", [demo_input(x)])
+                outcomes.append(("OK", ""))
+            except InferenceServerException as error:
+                outcomes.append((error.status(), error.message()))
+
+        threads = [threading.Thread(target=fire, args=(own,)) for own in clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert {code for code, _ in outcomes} == {"OK", "StatusCode.UNAVAILABLE"}, outcomes
+        assert all(message == "inference pool is full; retry later" for code, message in outcomes if code != "OK")
+        assert clients[0].infer("slow", [demo_input(x)]).as_numpy("y").shape == (1024, 4)  # the slot frees
+        for own in clients:
+            own.close()
+    finally:
+        server.stop()
