@@ -20,7 +20,9 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton
 import yaml
+from tritonclient.utils import InferenceServerException
 
 from compiler.demo import demo_model_bytes
 from server.runtime.metrics import Metrics
@@ -217,6 +219,19 @@ def errors(client) -> None:
     assert client.post("/predict", json={"model": "nope", "inputs": {"x": [[1.0] * 4]}}).status_code == 404
 
 
+def grpc_calls(target: str) -> None:
+    """Predictions over gRPC, one refused: the gRPC panel's series and the request panels' grpc protocol."""
+    with triton.InferenceServerClient(target) as client:
+        assert client.is_server_ready()
+        for dtype, datatype in ((np.float32, "FP32"), (np.float64, "FP64")):
+            tensor = triton.InferInput("x", [2, 4], datatype)
+            tensor.set_data_from_numpy(np.ones((2, 4), dtype))
+            try:
+                client.infer("mlp", [tensor])
+            except InferenceServerException as error:
+                assert datatype == "FP64" and error.status() == "StatusCode.INVALID_ARGUMENT", error
+
+
 def tuned(client) -> bool:
     return metric_value(client.get("/metrics").text, "jitserve_tuning_seconds_total") > 0
 
@@ -266,7 +281,7 @@ def generate_load(client) -> None:
 @pytest.mark.slow
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, prometheus_bin):
     queries = dashboard_queries(load_dashboard())
-    server = ServerProcess(tmp_path / "data", **SERVER_SETTINGS)
+    server = ServerProcess(tmp_path / "data", grpc_port=free_port(), **SERVER_SETTINGS)
     (tmp_path / "prometheus").mkdir()
     prometheus = PrometheusProcess(prometheus_bin, tmp_path / "prometheus", f"127.0.0.1:{server.port}")
     try:
@@ -275,6 +290,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path, pro
         prometheus.wait_ready()
         with server.client() as client:
             generate_load(client)
+            grpc_calls(f"127.0.0.1:{server.settings['grpc_port']}")
             served = metric_value(client.get("/metrics").text, "jitserve_requests_total")
 
         # Scraped after the load, then twice more: every rate has two samples of every series.
