@@ -90,9 +90,10 @@ class TuningStatus(BaseModel):
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
-RUN_AVERAGE_WEIGHT = 0.2
-"""Weight of the newest run in a bucket's moving average of run times."""
 RUNS_TO_TELL = 8
+"""Runs of a bucket's engine seen before the inline decision is taken."""
+RUN_WINDOW = 32
+"""A bucket's latest runs whose fastest says what its engine costs."""
 RECENT_HITS_KEPT = 64
 """Times of a bucket's latest hits kept: enough for any compile admission threshold."""
 MAX_SIZES_SEEN = 4096
@@ -149,8 +150,8 @@ class ServedBucket:
         self.first_seen: float | None = None
         """When compile admission first considered it (monotonic seconds); None before."""
         self._sizes_seen: set[tuple] = set()
-        self._runs = 0
-        self._run_ms = 0.0
+        self._recent_runs: deque[float] = deque(maxlen=RUN_WINDOW)
+        self._run_floor_ms = math.inf
         self._lock = threading.Lock()
 
     def first_time_size(self, sizes: tuple) -> bool:
@@ -292,12 +293,15 @@ class ServedBucket:
             self._in_flight = max(0, self._in_flight - 1)
             if ms is None:
                 return
-            self._run_ms = ms if self._runs == 0 else self._run_ms + RUN_AVERAGE_WEIGHT * (ms - self._run_ms)
-            self._runs += 1
+            self._recent_runs.append(ms)
+            self._run_floor_ms = min(self._recent_runs)
 
     def runs_below(self, ms: float) -> bool:
-        """Its recent runs took less than ``ms`` on average (after enough of them to tell)."""
-        return self._runs >= RUNS_TO_TELL and self._run_ms < ms
+        """The fastest of its recent runs took less than ``ms`` (after enough of them to tell). Not their
+        average: a run's wall time also holds the wait for Python's GIL once the engine returns, up to the
+        switch interval (5 ms) on a busy inference thread, and an average those waits inflate can keep a tiny
+        model on the pool, where its runs wait again."""
+        return len(self._recent_runs) >= RUNS_TO_TELL and self._run_floor_ms < ms
 
     @property
     def serves_kernel_key(self) -> str | None:

@@ -13,6 +13,8 @@ from server.runtime.records import BucketRecord
 from server.runtime.state import (
     HISTORY_LENGTH,
     LEGAL_MOVES,
+    RUN_WINDOW,
+    RUNS_TO_TELL,
     BucketState,
     CompileEvent,
     ServedBucket,
@@ -213,6 +215,26 @@ def test_peak_concurrency_counts_requests_running_at_once_and_failed_runs_end_to
     bucket.begin_run()
     bucket.observe_run(1.0)
     assert bucket.peak_concurrency == 3 and bucket.describe()["peak_concurrency"] == 3
+
+
+def test_the_inline_decision_reads_the_fastest_recent_run_not_the_waits_for_the_gil():
+    tiny = bucket_in(BucketState.COLD)
+    for _ in range(RUNS_TO_TELL - 1):
+        tiny.observe_run(0.01)
+    assert not tiny.runs_below(0.1)  # not enough runs to tell
+    tiny.observe_run(0.01)
+    assert tiny.runs_below(0.1)
+    for _ in range(RUN_WINDOW - 1):  # runs on a busy pool: each waited up to 5 ms for the GIL
+        tiny.observe_run(5.0)
+    assert tiny.runs_below(0.1)
+    tiny.observe_run(5.0)  # the window holds no fast run any more: its engine has become slow
+    assert not tiny.runs_below(0.1)
+    slow = bucket_in(BucketState.COLD)
+    for _ in range(RUN_WINDOW):
+        slow.observe_run(0.4)
+    assert not slow.runs_below(0.1) and slow.runs_below(0.5)
+    slow.observe_run(None)  # a failed run says nothing of the engine's cost
+    assert slow.runs_below(0.5)
 
 
 def test_a_route_says_whether_latency_or_throughput_chose_it():
