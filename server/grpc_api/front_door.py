@@ -22,6 +22,8 @@ def listen_address(host: str, port: int) -> str:
 
 
 class GrpcFrontDoor:
+    """The gRPC server over the runtime the REST app serves from."""
+
     def __init__(self, settings: Settings, service: ModelService, metrics: Metrics) -> None:
         self.settings = settings
         self.server = grpc.aio.server(
@@ -36,13 +38,12 @@ class GrpcFrontDoor:
         self.server.add_registered_method_handlers(
             SERVICE, method_handlers(InferenceServicer(service, metrics, settings.admin_token))
         )
-        self.port = 0
         self._stopping: asyncio.Future | None = None
 
     async def start(self) -> None:
         address = listen_address(self.settings.host, self.settings.grpc_port)
         try:
-            self.port = self.server.add_insecure_port(address)
+            self.server.add_insecure_port(address)
         except RuntimeError as exc:
             raise RuntimeError(f"gRPC cannot listen on {address}: {exc}") from None
         await self.server.start()
