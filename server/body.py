@@ -26,11 +26,16 @@ MAX_DATA_PARTS = 64
 UPLOAD_CHUNK = 1 << 20
 
 
-async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
-    """The request body chunk by chunk; 413 as soon as it passes ``limit``."""
+def refuse_declared_over(request: Request, limit: int) -> None:
+    """413 before reading when the body's declared length is over ``limit``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"request body of {declared} bytes is over the limit of {limit}")
+
+
+async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body chunk by chunk; 413 as soon as it passes ``limit``."""
+    refuse_declared_over(request, limit)
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
@@ -48,9 +53,7 @@ def declared_size(request: Request, limit: int) -> int:
 async def read_limited(request: Request, limit: int) -> bytes:
     """The whole body; 413 as soon as it passes ``limit``. Reads ASGI messages directly: an async generator
     per request costs more than parsing a small prediction."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"request body of {declared} bytes is over the limit of {limit}")
+    refuse_declared_over(request, limit)
     chunks, total = [], 0
     while True:
         message = await request.receive()

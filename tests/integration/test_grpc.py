@@ -5,12 +5,10 @@ side's messages, metrics by protocol, dynamic batching, the drain on SIGTERM and
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 
@@ -28,7 +26,7 @@ from server.grpc_api import messages as pb
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, free_port, metric_value, wait_until
 from tests.integration.test_serving import upload
-from tests.integration.test_v2 import KSERVE_PYTHON, REPO
+from tests.integration.test_v2 import run_kserve_client
 
 DEMO = demo_model_bytes()
 TOKEN = "grpc-secret"
@@ -363,18 +361,7 @@ def test_a_grpc_port_in_use_stops_the_start_saying_so(tmp_path):
 
 
 def test_kserve_grpc_client_typed_and_raw(server):
-    if not KSERVE_PYTHON.exists():
-        pytest.fail("KServe's client is not installed: make test installs it into .cache/kserve-venv")
-    run = subprocess.run(
-        [str(KSERVE_PYTHON), "tests/integration/kserve_grpc_client.py", server.grpc_target, "demo"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout)
+    found = run_kserve_client("kserve_grpc_client.py", server.grpc_target, "demo")
     assert (found["live"], found["ready"], found["model_ready"]) == (True, True, True)
     want = OrtEngine(DEMO).run({"x": np.asarray(found["input"], np.float32)})["probs"]
     for kind in ("typed", "raw"):

@@ -152,12 +152,13 @@ def test_repository_calls_need_the_admin_token(tmp_path):
         server.stop()
 
 
-def test_kserve_rest_client_json_and_binary(server):
+def run_kserve_client(script: str, target: str, model: str) -> dict:
+    """One of KServe's clients (``tests/integration/<script>``) run in KServe's environment; what it printed."""
     if not KSERVE_PYTHON.exists():
         message = "KServe's client is not installed: make test installs it into .cache/kserve-venv"
         pytest.fail(message)  # a green run means every test ran: never a silent skip
     run = subprocess.run(
-        [str(KSERVE_PYTHON), "tests/integration/kserve_client.py", server.url, "demo"],
+        [str(KSERVE_PYTHON), f"tests/integration/{script}", target, model],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -165,7 +166,11 @@ def test_kserve_rest_client_json_and_binary(server):
         check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout)
+    return json.loads(run.stdout)
+
+
+def test_kserve_rest_client_json_and_binary(server):
+    found = run_kserve_client("kserve_client.py", server.url, "demo")
     assert (found["live"], found["ready"], found["model_ready"]) == (True, True, True)
     want = OrtEngine(DEMO).run({"x": np.asarray(found["input"], np.float32)})["probs"]
     for kind in ("json", "binary"):
