@@ -141,6 +141,8 @@ class AxisSafety(BaseModel):
     max_abs_error: float | None = None
     probe_failed: bool = False
     """The model itself refused the probe shape: nothing was learned about padding."""
+    refused_size: int | None = None
+    """The axis's size the model refused (with ``probe_failed``)."""
     approximate: bool = False
     """Padding changes the outputs, within the policy's ``approximate`` tolerance."""
     probed: bool = True

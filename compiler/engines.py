@@ -53,11 +53,13 @@ class OrtEngine:
         except Fail as exc:
             # A node that cannot run on these shapes (a detector's levels that disagree for a size that is
             # no multiple of its stride): the model loaded and ran at other shapes, so the input's fault.
-            node = re.search(r"running (\w+) node", str(exc))
+            node = re.search(r"running (\w+) node(?:\. Name:'([^']*)')?", str(exc))
             if node is None:
                 raise
+            named = f" {node[2]!r}" if node[2] else ""
             raise BadRequestError(
-                f"onnxruntime cannot run the model on this input's shape ({node[1]} node): {_status_message(exc)}"
+                f"onnxruntime cannot run the model on this input's shape ({node[1]} node{named}): "
+                f"{_status_message(exc)}"
             ) from None
         return dict(zip(self.output_names, outputs, strict=True))
 

@@ -53,16 +53,19 @@ def check_axis_padding(
     dtypes = {spec.name: spec.dtype for spec in signature.inputs}
     exact_inputs = random_inputs(shapes_with(size), dtypes, seed, index_limits)
     padded_inputs = pad_inputs(exact_inputs, shapes_with(padded_size), pad_values)
-    try:
-        exact = engine.run(exact_inputs)
-        padded = engine.run(padded_inputs)
-    except Exception as exc:  # noqa: BLE001 - the model itself rejects the shape
-        return AxisSafety(
-            axis=axis,
-            safe=False,
-            reason=f"model fails at the probe shape: {type(exc).__name__}: {exc}",
-            probe_failed=True,
-        )
+    outputs = []
+    for at, inputs in ((size, exact_inputs), (padded_size, padded_inputs)):
+        try:
+            outputs.append(engine.run(inputs))
+        except Exception as exc:  # noqa: BLE001 - the model itself rejects the shape
+            return AxisSafety(
+                axis=axis,
+                safe=False,
+                reason=f"model fails at the probe shape: {type(exc).__name__}: {exc}",
+                probe_failed=True,
+                refused_size=at,
+            )
+    exact, padded = outputs
 
     output_axes: dict[str, list[int]] = {}
     cut = {}
@@ -122,10 +125,153 @@ def _padded_size(policy: AxisPolicy, size: int) -> int:
     return padded
 
 
-# Sizes tried, after the configured or warm one, when the model refuses a probe shape
-# (a reflect Pad needs a long enough axis, a strided conv a multiple of its stride).
+PROBE_VERSION = 2
+"""Bumped when verdicts change meaning: a stored model probed under an older version is probed again
+(version 1 probed every axis at 3 -> 4, where a convnet's feature maps collapse and hide the padding)."""
+
+BATCH_PROBE_SIZE = 3
+"""The leading axis (the batch, where a model has one) starts at 3 -> 4: no stride shrinks a batch, and a
+batch-mixing op sees the padded row at any size."""
+PROBE_SIZE = 224
+"""Every other axis starts at 224 -> 256, a size images and texts really have: after a convnet's strides
+of 16-32 its maps keep cells for the padding to reach. Smaller sizes hide it: PP-OCR det's height and
+width pass at 3 -> 4, 64 -> 256 and 128 -> 256 with the other axis alike, and fail at 224 -> 256."""
+COMMON_SIZES = (32, 48, 64, 96, 128, 224, 256, 320, 384, 512, 640, 1024, 16, 8, 1)
+"""Sizes tried together on the axes the user did not size, when the model refuses the starting shape (a
+detector exported for 320x320, a ViT for 224); smallest first, where a refusal costs least."""
 FALLBACK_PROBE_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 4, 2, 1)
+"""Sizes tried on one axis, the others at a shape the model runs, when the model refuses its padded size."""
 MAX_PROBES_PER_AXIS = 6
+CONFIRM_FACTOR = 3
+"""Padding found harmless is checked again at 3x the size (32 -> 96, padded to 128): one size can hide
+what another shows."""
+
+
+def default_probe_sizes(signature: Signature, known: dict[str, int] | None = None) -> dict[str, int]:
+    """Starting sizes for every symbolic axis: ``known`` ones (a config's or a warm bucket's), else
+    ``BATCH_PROBE_SIZE`` for the leading axis and ``PROBE_SIZE`` for the rest."""
+    lead = signature.leading_axis()
+    sizes = {axis: BATCH_PROBE_SIZE if axis == lead else PROBE_SIZE for axis in signature.axes()}
+    sizes.update({axis: size for axis, size in (known or {}).items() if axis in sizes})
+    return sizes
+
+
+def _shapes(signature: Signature, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    return {spec.name: tuple(d if isinstance(d, int) else sizes[d] for d in spec.dims) for spec in signature.inputs}
+
+
+class _Probe:
+    """The ONNX Runtime runs of one upload's probe, within its byte limit, deadline and cancellation."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        signature: Signature,
+        *,
+        max_input_bytes: int | None,
+        deadline: float | None,
+        cancelled: threading.Event | None,
+        check: dict,
+    ) -> None:
+        self.engine = engine
+        self.signature = signature
+        self.max_input_bytes = max_input_bytes
+        self.deadline = deadline
+        self.cancelled = cancelled
+        self.check = check
+        """check_axis_padding's keyword arguments shared by every axis."""
+        self.tried: dict[str, list[int]] = {}
+        """Axis -> the sizes the model refused on it (with the other axes at a shape it runs at)."""
+        self.base_tried: dict[str, list[int]] = {}
+        """Axis -> its sizes in the shapes the model refused while a base shape was looked for."""
+
+    def fits(self, sizes: dict[str, int]) -> bool:
+        return self.max_input_bytes is None or inputs_fit(self.signature, sizes, self.max_input_bytes)
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def stop_if_cancelled(self) -> None:
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise UnavailableError("the server is shutting down: upload not finished")
+
+    def runs_at(self, sizes: dict[str, int]) -> str | None:
+        """None when the model runs at these axis sizes, else its error (the sizes count as tried)."""
+        self.stop_if_cancelled()
+        shapes = _shapes(self.signature, sizes)
+        dtypes = {spec.name: spec.dtype for spec in self.signature.inputs}
+        try:
+            self.engine.run(random_inputs(shapes, dtypes, self.check["seed"], self.check["index_limits"]))
+        except Exception as exc:  # noqa: BLE001 - the model itself refuses the shape
+            for axis, size in sizes.items():
+                self.base_tried.setdefault(axis, []).append(size)
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def find_base(self, start: dict[str, int], variable: set[str]) -> tuple[dict[str, int] | None, str | None]:
+        """A shape the model runs at, and the last error (the base is None when none was found; the error
+        too when no shape tried fits the byte limit).
+
+        ``start`` when the model runs it; else the ``variable`` axes together at each of the
+        ``COMMON_SIZES`` (the leading axis at its start size, then at 1), and then each of those axes back
+        at its start size where the model takes that alone (PP-OCR rec runs at height 48 or 32, and any
+        width: its width goes back to 224)."""
+        lead = self.signature.leading_axis()
+        spread = [axis for axis in self.signature.axes() if axis in variable and axis != lead]
+        lead_sizes = [start[lead], 1] if lead in variable and start[lead] != 1 else [start[lead]] if lead else [0]
+        candidates: list[dict[str, int]] = []
+        for lead_size in lead_sizes:
+            for common in (None, *COMMON_SIZES):
+                sizes = dict(start, **({lead: lead_size} if lead else {}))
+                if common is not None:
+                    sizes.update(dict.fromkeys(spread, common))
+                if sizes not in candidates and self.fits(sizes):
+                    candidates.append(sizes)
+        error = None
+        for base in candidates:
+            if self.out_of_time():
+                return None, f"{error}; then the probe ran out of time"
+            failure = self.runs_at(base)
+            if failure is None:
+                break
+            error = failure
+        else:
+            return None, error
+        for axis in spread:
+            raised = dict(base, **{axis: start[axis]})
+            if raised != base and self.fits(raised) and not self.out_of_time() and self.runs_at(raised) is None:
+                base = raised
+        return base, ""
+
+    def axis(self, axis: str, base: dict[str, int], policy: AxisPolicy, variable: bool) -> AxisSafety | None:
+        """The padding verdict of ``axis``, the other axes at ``base``: at its base size, else (the model
+        refusing the padded size) at other sizes; one found harmless is confirmed at a larger size. None
+        when every size is over the byte limit."""
+        sizes = [base[axis]] + ([s for s in FALLBACK_PROBE_SIZES if s != base[axis]] if variable else [])
+        probes = [(size, _padded_size(policy, size)) for size in sizes]
+        probes = [(size, padded) for size, padded in probes if self.fits(dict(base, **{axis: padded}))]
+        result = None
+        for size, padded in probes[:MAX_PROBES_PER_AXIS]:
+            result = self._check(axis, dict(base, **{axis: size}), padded, policy)
+            if not result.probe_failed:
+                break
+            self.tried.setdefault(axis, []).append(result.refused_size)
+        else:
+            return result
+        if not result.safe or result.approximate:
+            return result
+        size = CONFIRM_FACTOR * (size if size > 1 else 2)
+        padded = _padded_size(policy, size)
+        if (policy.largest is not None and size > policy.largest) or not self.fits(dict(base, **{axis: padded})):
+            return result
+        confirmed = self._check(axis, dict(base, **{axis: size}), padded, policy)
+        return result if confirmed.probe_failed or confirmed.safe else confirmed
+
+    def _check(self, axis: str, sizes: dict[str, int], padded: int, policy: AxisPolicy) -> AxisSafety:
+        self.stop_if_cancelled()
+        return check_axis_padding(
+            self.engine, self.signature, axis, sizes, padded, tolerance=policy.approximate, **self.check
+        )
 
 
 def probe_padding(
@@ -144,71 +290,62 @@ def probe_padding(
     seconds: float | None = None,
     cancelled: threading.Event | None = None,
 ) -> dict[str, AxisSafety]:
-    """The padding-safety check of every symbolic axis, each at a size the model accepts.
+    """The padding-safety check of every symbolic axis, one axis at a time, the others at a shape the
+    model runs at.
 
-    ``sizes[axis]`` is tried first; for an axis not in ``configured`` (sizes the
-    user chose), a few other sizes follow when the model refuses it. A size
-    that worked is kept for the axes probed after it, and axes refused in a
-    first pass are tried again with those sizes (the refusal may have been
-    another axis's). An axis no size worked for says so, and names the config
-    field that fixes it.
+    That shape starts at ``sizes`` (see :func:`default_probe_sizes`); when the model refuses it, the axes
+    not in ``configured`` (sizes the user chose) are tried together at common sizes. Each axis is then
+    padded from its size there to its next bucket; when the model refuses that (a model that runs at one
+    size only), other sizes of that axis alone follow, and an axis no size worked for is served exactly,
+    with the sizes tried, the model's error and the config field that fixes it.
 
-    The probe is bounded: sizes whose inputs would exceed ``max_input_bytes``
-    are skipped, axes left when ``seconds`` run out are served exactly, and
-    ``cancelled`` (shutdown) ends it with a 503.
+    The probe is bounded: sizes whose inputs would exceed ``max_input_bytes`` are skipped, axes left when
+    ``seconds`` run out are served exactly, and ``cancelled`` (shutdown) ends it with a 503.
     """
-    sizes = dict(sizes)
     results: dict[str, AxisSafety] = {}
-    tried: dict[str, list[int]] = {}
-    deadline = None if seconds is None else time.monotonic() + seconds
-    for _ in range(2):
-        for axis in signature.axes():
-            if axis in results and not results[axis].probe_failed:
-                continue
-            if deadline is not None and time.monotonic() > deadline:
-                reason = f"not probed: the padding probe ran out of its {seconds:g} s; served exactly"
-                results.setdefault(axis, AxisSafety(axis=axis, safe=False, reason=reason, probed=False))
-                continue
-            policy = policies[axis]
-            if policy.kind == "exact":
-                results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
-                continue
-            if policy.kind == "dynamic":
-                served = f"{policy.min}..{policy.max}" + (f" in steps of {policy.step}" if policy.step > 1 else "")
-                reason = f"policy is dynamic: never padded; one symbolic kernel serves {served}"
-                results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
-                continue
-            candidates = [sizes[axis]]
-            if axis not in configured:
-                candidates += [s for s in FALLBACK_PROBE_SIZES if s != sizes[axis]]
-            probes = [(size, _padded_size(policy, size)) for size in candidates]
-            if max_input_bytes is not None:
-                probes = [p for p in probes if inputs_fit(signature, dict(sizes, **{axis: p[1]}), max_input_bytes)]
-            for size, padded in probes[:MAX_PROBES_PER_AXIS]:
-                if cancelled is not None and cancelled.is_set():
-                    raise UnavailableError("the server is shutting down: upload not finished")
-                result = check_axis_padding(
-                    engine, signature, axis, dict(sizes, **{axis: size}), padded,
-                    pad_values=pad_values, rtol=rtol, atol=atol, seed=seed, index_limits=index_limits,
-                    tolerance=policy.approximate,
-                )  # fmt: skip
-                tried.setdefault(axis, []).append(size)
-                results[axis] = result
-                if not result.probe_failed:
-                    sizes[axis] = size
-                    break
+    probed = []
     for axis in signature.axes():
-        if axis not in results:  # every candidate size was over the input limit
+        policy = policies[axis]
+        if policy.kind == "exact":
+            results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
+        elif policy.kind == "dynamic":
+            served = f"{policy.min}..{policy.max}" + (f" in steps of {policy.step}" if policy.step > 1 else "")
+            reason = f"policy is dynamic: never padded; one symbolic kernel serves {served}"
+            results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
+        else:
+            probed.append(axis)
+    if not probed:
+        return results
+    probe = _Probe(
+        engine,
+        signature,
+        max_input_bytes=max_input_bytes,
+        deadline=None if seconds is None else time.monotonic() + seconds,
+        cancelled=cancelled,
+        check={"pad_values": pad_values, "rtol": rtol, "atol": atol, "seed": seed, "index_limits": index_limits},
+    )
+    variable = set(signature.axes()) - set(configured)
+    base, error = probe.find_base(dict(sizes), variable)
+    for axis in probed:
+        if base is None:
+            result = error and AxisSafety(axis=axis, safe=False, reason=error, probe_failed=True)
+        elif probe.out_of_time():
+            reason = f"not probed: the padding probe ran out of its {seconds:g} s; served exactly"
+            result = AxisSafety(axis=axis, safe=False, reason=reason, probed=False)
+        else:
+            result = probe.axis(axis, base, policies[axis], axis in variable)
+        if result is None:  # every size was over the input limit
             reason = f"not probed: its probe sizes make inputs over {max_input_bytes} bytes; served exactly"
-            results[axis] = AxisSafety(axis=axis, safe=False, reason=reason, probed=False)
-    for axis, result in results.items():
-        if result.probe_failed:
-            refused = sorted(set(tried[axis]))
-            results[axis] = result.model_copy(
+            result = AxisSafety(axis=axis, safe=False, reason=reason, probed=False)
+        elif result.probe_failed:
+            runs = "" if base is None else f"; it runs at {base[axis]}"
+            refused = sorted(set((probe.tried if base else probe.base_tried).get(axis, [])))
+            result = result.model_copy(
                 update={
-                    "reason": f"could not probe axis {axis!r}: the model fails at sizes {refused} "
+                    "reason": f"could not probe axis {axis!r}: the model fails at sizes {refused}{runs} "
                     f"({result.reason.removeprefix('model fails at the probe shape: ')}); served exactly. "
                     f'Set config probe_sizes {{"{axis}": N}} to a size the model accepts to check padding.'
                 }
             )
+        results[axis] = result
     return results

@@ -81,6 +81,12 @@ class Signature:
                 found.setdefault(axis, []).append((spec.name, index))
         return found
 
+    def leading_axis(self) -> str | None:
+        """The symbolic axis that is dim 0 of every input (the batch, where the model has one), if any."""
+        firsts = {spec.dims[0] if spec.dims else None for spec in self.inputs}
+        axis = firsts.pop() if len(firsts) == 1 else None
+        return axis if isinstance(axis, str) else None
+
     def to_json(self) -> dict:
         return {
             "inputs": [asdict(s) | {"dims": list(s.dims)} for s in self.inputs],

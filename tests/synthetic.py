@@ -459,3 +459,69 @@ def fpn_model(seed: int = 5) -> bytes:
     inputs, outputs = [value("x", "float32", [1, 4, "h", "w"])], [value("y", "float32", [1, 4, "h2", "w2"])]
     graph = helper.make_graph(nodes, "fpn", inputs, outputs, initializer)
     return make_model(graph).SerializeToString()
+
+
+def fixed_size_model(size: int = 32) -> bytes:
+    """A classifier on x[batch, 3, H, W] that runs at H = W = ``size`` only, though both are symbolic in
+    its graph (an exported detector's grid baked in): x + a [1, 3, size, size] constant, averaged to y[batch, 3]."""
+    grid = np.random.default_rng(9).standard_normal((1, 3, size, size)).astype(np.float32)
+    nodes = [
+        helper.make_node("Add", ["x", "grid"], ["shifted"], name="fixed_grid_add"),
+        helper.make_node("GlobalAveragePool", ["shifted"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "fixed_size",
+        [value("x", "float32", ["batch", 3, "H", "W"])],
+        [value("y", "float32", ["batch", 3])],
+        initializer=[numpy_helper.from_array(grid, "grid")],
+    )
+    return make_model(graph).SerializeToString()
+
+
+def long_axis_mix_model(threshold: int = 150) -> bytes:
+    """``y = x + mean(x over W)`` on x[batch, 8, W] where W > ``threshold``, else ``y = x``: padding W looks
+    harmless at every size the probe tries below the threshold, and changes the outputs of a request of
+    W <= threshold padded past it (a model made to pass a small probe and fail at real sizes)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "w_index"], ["width"], axis=0),
+        helper.make_node("Greater", ["width", "threshold"], ["long"]),
+        helper.make_node("Cast", ["long"], ["gate"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[2], keepdims=1),
+        helper.make_node("Mul", ["mean", "gate"], ["gated"]),
+        helper.make_node("Add", ["x", "gated"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "long_axis_mix",
+        [value("x", "float32", ["batch", 8, "W"])],
+        [value("y", "float32", ["batch", 8, "W"])],
+        initializer=[
+            numpy_helper.from_array(np.array(2, dtype=np.int64), "w_index"),
+            numpy_helper.from_array(np.array(threshold, dtype=np.int64), "threshold"),
+        ],
+    )
+    return make_model(graph).SerializeToString()
+
+
+def conv_pool_model(channels: int = 8) -> bytes:
+    """A strided 3x3 conv, Relu and global average pooling on x[N, 3, H, W] -> y[N, channels]: a
+    classifier's shape, whose pooling averages any padding of H or W into every output."""
+    weight = np.random.default_rng(6).standard_normal((channels, 3, 3, 3)).astype(np.float32) * 0.2
+    bias = np.linspace(-0.5, 0.5, channels).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_pool",
+        [value("x", "float32", ["N", 3, "H", "W"])],
+        [value("y", "float32", ["N", channels])],
+        initializer=[numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    return make_model(graph).SerializeToString()

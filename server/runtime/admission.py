@@ -27,11 +27,11 @@ from compiler.errors import (
 from compiler.memory import check_model_fits, check_sizes_fit
 from compiler.model import LoadedModel, load_model
 from compiler.options import CompileOptions
-from compiler.padding import probe_padding
+from compiler.padding import default_probe_sizes, probe_padding
 from compiler.target import resolve_target
 
 from ..settings import Settings
-from .batcher import DynamicBatcher, DynamicBatching, find_batch_axis, leading_axis
+from .batcher import DynamicBatcher, DynamicBatching, find_batch_axis
 from .memory_guard import MemoryGuard
 from .records import ModelConfig, ModelRecord, ModelStore, check_model_name
 from .registry import Registry, ServedModel
@@ -40,12 +40,6 @@ from .scheduler import CompileScheduler
 log = logging.getLogger("jitserve")
 
 BatcherFactory = Callable[[ServedModel, DynamicBatching, set[int]], DynamicBatcher]
-
-DEFAULT_PROBE_SIZE = 3
-"""The smallest size that decides padding-safety for most axes (odd, past the broadcasting size 1, padded
-to 4): a large model's probe then costs milliseconds, not the seconds a batch of 32 and 64 did. Models
-that refuse it (a strided convolution wanting a multiple of 32) are tried at the fallback sizes."""
-
 
 class Admission:
     def __init__(
@@ -303,7 +297,7 @@ def parse_config(model: LoadedModel, config: dict | None) -> ModelConfig:
     for name in parsed.pad_values:
         if name not in model.signature.input_names:
             raise BadRequestError(f"config pad_values names unknown input {name!r}")
-    batching, axis = parsed.dynamic_batching, leading_axis(model.signature)
+    batching, axis = parsed.dynamic_batching, model.signature.leading_axis()
     if batching is not None and axis is not None:
         largest = parsed.policy_for(axis).largest
         if largest is not None and batching.max_batch_size > largest:
@@ -343,13 +337,13 @@ def _warm_sizes(model: LoadedModel, config: ModelConfig) -> dict[str, set[int]]:
 
 
 def _probe_sizes(signature, config: ModelConfig) -> dict[str, int]:
-    """Concrete sizes for every symbolic axis: config, else first warm bucket, else a default."""
-    sizes = {axis: DEFAULT_PROBE_SIZE for axis in signature.axes()}
+    """Starting sizes for every symbolic axis: the config's, else the first warm bucket's, else defaults."""
+    known: dict[str, int] = {}
     if config.warm_buckets:
         for spec in signature.inputs:
             shape = config.warm_buckets[0].get(spec.name, [])
             for index, axis in spec.symbolic_axes():
-                if index < len(shape):
-                    sizes[axis] = shape[index]
-    sizes.update({k: v for k, v in config.probe_sizes.items() if k in sizes})
-    return sizes
+                if index < len(shape) and shape[index] >= 1:
+                    known[axis] = shape[index]
+    known.update(config.probe_sizes)
+    return default_probe_sizes(signature, known)

@@ -56,20 +56,13 @@ class DynamicBatching(BaseModel):
         return {size for size in sizes if size is not None and size <= self.max_batch_size}
 
 
-def leading_axis(signature: Signature) -> str | None:
-    """The symbolic axis that is dim 0 of every input, if there is one."""
-    firsts = {spec.dims[0] if spec.dims else None for spec in signature.inputs}
-    axis = firsts.pop() if len(firsts) == 1 else None
-    return axis if isinstance(axis, str) else None
-
-
 def find_batch_axis(signature: Signature, safety: dict[str, AxisSafety]) -> tuple[str | None, str]:
     """The axis requests can be joined along, or None and why not.
 
     It must be dim 0 of every input, verified padding-safe, and dim 0 of every
     output must follow it (what the padding-safety check found).
     """
-    axis = leading_axis(signature)
+    axis = signature.leading_axis()
     if axis is None:
         return None, "dim 0 of the inputs is not one shared symbolic axis"
     check = safety.get(axis)

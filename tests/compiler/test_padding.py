@@ -10,7 +10,7 @@ import pytest
 from compiler.buckets import AxisPolicy, BucketPlanner
 from compiler.engines import OrtEngine
 from compiler.errors import UnavailableError
-from compiler.padding import check_axis_padding, probe_padding
+from compiler.padding import check_axis_padding, default_probe_sizes, probe_padding
 from compiler.signature import read_signature
 from tests import synthetic
 
@@ -182,7 +182,45 @@ def test_probe_sizes_over_the_input_limit_are_skipped():
     policies = {"batch": AxisPolicy(kind="pow2", max=1024)}
     # 2 inputs x 8 floats per row: 512 bytes allows 16 rows; the probe of 32 (padded 64) and up is skipped
     results = probe_padding(engine, signature, policies, {"batch": 32}, max_input_bytes=512)
-    assert results["batch"].safe and "16 -> 32" not in results["batch"].reason
-    assert results["batch"].reason == "outputs match after padding 8 -> 16"
+    # 32 rows do not fit: the probe runs at 1 row (padded to 2), then confirms at 3 (padded to 4)
+    assert results["batch"].safe and results["batch"].reason == "outputs match after padding 1 -> 2"
     nothing = probe_padding(engine, signature, policies, {"batch": 32}, configured={"batch"}, max_input_bytes=512)
     assert nothing["batch"].reason.startswith("not probed: its probe sizes make inputs over 512 bytes")
+
+
+def test_a_model_that_runs_at_one_height_and_width_keeps_its_batch_padded():
+    engine, signature = _engine_and_signature(synthetic.fixed_size_model(32))
+    policies = {axis: AxisPolicy(kind="pow2", max=1024) for axis in signature.axes()}
+    results = probe_padding(engine, signature, policies, default_probe_sizes(signature))
+    assert results["batch"].safe and results["batch"].reason == "outputs match after padding 3 -> 4"
+    for axis in ("H", "W"):
+        verdict = results[axis]
+        assert verdict.probe_failed and not verdict.safe
+        # its own sizes alone, the other axes at 32 (where the model runs): the node that refused them named
+        assert verdict.reason.startswith(f"could not probe axis {axis!r}: the model fails at sizes [8, 16, 64, 128, ")
+        assert "; it runs at 32 (" in verdict.reason and "fixed_grid_add" in verdict.reason
+    planner = BucketPlanner(signature, policies, results)
+    assert planner.effective_policy("batch").kind == "pow2"
+    assert planner.effective_policy("H").kind == "exact" and planner.effective_policy("W").kind == "exact"
+
+
+def test_axes_are_probed_at_sizes_a_convnet_really_sees():
+    # From 224 (PP-OCR det's height and width looked padding-safe with maps of 64 or 128), the leading
+    # (batch) axis from 3, a size the user gave from that
+    engine, signature = _engine_and_signature(synthetic.conv_pool_model())
+    sizes = default_probe_sizes(signature)
+    assert sizes == {"N": 3, "H": 224, "W": 224}
+    assert default_probe_sizes(signature, {"H": 48}) == {"N": 3, "H": 48, "W": 224}
+    policies = {axis: AxisPolicy(kind="pow2", max=1024) for axis in signature.axes()}
+    results = probe_padding(engine, signature, policies, sizes)
+    assert results["N"].safe
+    for axis in ("H", "W"):
+        assert not results[axis].safe and results[axis].reason.startswith("padding changes the outputs")
+
+
+def test_padding_found_harmless_is_confirmed_at_a_larger_size():
+    # W <= 100 leaves the outputs alone: 48 -> 64 matches, 144 -> 256 is past the threshold on both sides
+    engine, signature = _engine_and_signature(synthetic.long_axis_mix_model(threshold=100))
+    policies = {axis: AxisPolicy(kind="pow2", max=1024) for axis in signature.axes()}
+    results = probe_padding(engine, signature, policies, {"batch": 3, "W": 48})
+    assert not results["W"].safe and results["W"].reason.startswith("padding changes the outputs")
