@@ -27,7 +27,7 @@ from compiler.errors import (
 from compiler.memory import check_model_fits, check_sizes_fit
 from compiler.model import LoadedModel, load_model
 from compiler.options import CompileOptions
-from compiler.padding import default_probe_sizes, probe_padding
+from compiler.padding import PROBE_VERSION, default_probe_sizes, probe_padding
 from compiler.target import resolve_target
 
 from ..settings import Settings
@@ -40,6 +40,7 @@ from .scheduler import CompileScheduler
 log = logging.getLogger("jitserve")
 
 BatcherFactory = Callable[[ServedModel, DynamicBatching, set[int]], DynamicBatcher]
+
 
 class Admission:
     def __init__(
@@ -86,12 +87,27 @@ class Admission:
         one that does not is skipped (logged) rather than the server killed for memory later."""
         model = load_model(data, max_bytes=len(data))
         self.memory_guard.check_upload(record.name, model.weight_bytes)
-        served = self.build_served(record, model)
+        ort = None
+        if record.probe_version < PROBE_VERSION:
+            ort = self._ort(model, self._target(record.config))
+            record = self._probe_again(record, model, ort)
+        served = self.build_served(record, model, ort)
         del data, model
         served.model = served.model.stored_at(self.models.model_path(record))
         self.registry.put(served)
         self.scheduler.enqueue_warm(served)
         return served
+
+    def _probe_again(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine) -> ModelRecord:
+        """A model stored with verdicts of an older padding probe gets new ones, and its buckets' routes
+        are forgotten: each is timed and gated again once its kernel (kept in the store) is loaded."""
+        safety = self._check_padding(model, ort, record.config)
+        buckets = {label: known.model_copy(update={"route": None}) for label, known in record.buckets.items()}
+        record = record.model_copy(update={"safety": safety, "probe_version": PROBE_VERSION, "buckets": buckets})
+        self.models.update_fields(record, "safety", "probe_version", "buckets")
+        log.info("model %s v%d: padding verdicts made again by probe version %d", record.name, record.version,
+                 PROBE_VERSION)  # fmt: skip
+        return record
 
     def load_stored(self, name: str) -> ServedModel:
         """Serve a stored model again (a no-op for one being served): the repository extension's load."""
@@ -131,6 +147,7 @@ class Admission:
                 digest=model.digest,
                 config=parsed,
                 safety=safety,
+                probe_version=PROBE_VERSION,
                 created_at=time.time(),
                 buckets=dict(previous.record.buckets) if previous else {},
             )

@@ -108,6 +108,9 @@ class ModelRecord(BaseModel):
     digest: str
     config: ModelConfig
     safety: dict[str, AxisSafety]
+    probe_version: int = 1
+    """The padding probe that made ``safety`` (``compiler.padding.PROBE_VERSION``); records from before it
+    was kept made theirs with version 1."""
     created_at: float
     buckets: dict[str, BucketRecord] = Field(default_factory=dict)
 
@@ -233,6 +236,17 @@ class ModelStore:
             except (OSError, ValueError):
                 return  # replaced or deleted meanwhile: the record goes with its version
             stored.buckets[label] = record.buckets[label]
+            _write_atomic(directory / RECORD_FILE, stored.model_dump_json(indent=2))
+
+    def update_fields(self, record: ModelRecord, *fields: str) -> None:
+        """Persist some of a record's own fields (not its buckets) into the stored version."""
+        with self.locked():
+            directory = self._dir(record.name, record.version)
+            try:
+                stored = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
+            except (OSError, ValueError):
+                return  # replaced or deleted meanwhile: the record goes with its version
+            stored = stored.model_copy(update={field: getattr(record, field) for field in fields})
             _write_atomic(directory / RECORD_FILE, stored.model_dump_json(indent=2))
 
     def delete(self, name: str) -> None:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from compiler.buckets import Bucket, BucketPlanner, bucket_label, is_symbolic
+from compiler.buckets import AxisSafety, Bucket, BucketPlanner, bucket_label, is_symbolic
 from compiler.engines import OrtEngine
 from compiler.errors import NotFoundError
 from compiler.model import LoadedModel
@@ -70,6 +70,14 @@ class ServedModel:
                     label, bucket, key, verify_sizes=sizes, history=known.history if known else None
                 )
             return served
+
+    def revise_safety(self, verdicts: dict[str, AxisSafety]) -> None:
+        """Axes found unsafe after upload: every request planned from now on is bucketed without padding
+        them (buckets planned before keep their kernels, and see no more requests)."""
+        with self.lock:
+            safety = {**self.record.safety, **verdicts}
+            self.record = self.record.model_copy(update={"safety": safety})
+            self.planner.safety = safety
 
     def find_bucket(self, bucket: Bucket) -> ServedBucket | None:
         return self.buckets.get(bucket_label(bucket))

@@ -9,8 +9,9 @@ import logging
 import numpy as np
 
 from compiler.arrays import compare_outputs, random_inputs
-from compiler.buckets import BucketPlan, BucketPlanner
+from compiler.buckets import BucketPlan, BucketPlanner, bucket_label
 from compiler.engines import Engine
+from compiler.padding import check_axis_padding
 from compiler.store import ArtifactStore
 from compiler.timing import median_latencies_ms, requests_per_second
 
@@ -55,9 +56,8 @@ class Router:
         inputs, engines = self._serving(served, bucket, kernels, served.planner.typical_request(bucket.bucket))
         timed = {"onnxruntime": served.ort, **engines}
         latency = median_latencies_ms(timed, inputs, warmup=2, runs=self.settings.routing_runs)
-        errors = self._padded_errors(served, bucket, kernels)
-        tolerance = served.planner.approximate_tolerance(bucket.bucket)
-        allowed = ["onnxruntime"] + [e for e in kernels if tolerance is None or errors[e] <= tolerance]
+        errors, refused = self._padding_gate(served, bucket, kernels)
+        allowed = ["onnxruntime"] + [e for e in kernels if e not in refused]
         throughput = None
         concurrency = min(bucket.peak_concurrency, self.settings.inference_threads)
         if self.settings.routing == "compiled":
@@ -71,7 +71,8 @@ class Router:
             route = max(allowed, key=throughput.get)
         else:
             route = min(allowed, key=latency.get)
-        bucket.serve(route, latency, padded_error=errors, throughput_rps=throughput)
+        reason = "; ".join(refused.values()) or None
+        bucket.serve(route, latency, padded_error=errors, throughput_rps=throughput, reason=reason)
         self.metrics.record_routing(model=served.name, engine=route)
         log.info(
             "routed %s %s to %s by %s (%s ms, %s req/s)",
@@ -94,15 +95,69 @@ class Router:
         pad_values = served.record.config.pad_values
         return inputs, {name: ServingKernel(k, served.planner, plan, pad_values) for name, k in kernels.items()}
 
-    def _padded_errors(self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine]) -> dict:
-        """Each kernel's largest difference from ONNX Runtime on the bucket's most padded request."""
-        inputs, engines = self._serving(served, bucket, kernels, served.planner.most_padded_request(bucket.bucket))
+    def _padding_gate(
+        self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine]
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """Each kernel's largest difference from ONNX Runtime on the bucket's most padded request (padded,
+        run and cut back by the kernel; run exactly by ONNX Runtime), and the kernels that may not serve
+        for it, with why: beyond the model's verification tolerance, or an ``approximate`` axis's.
+
+        A second guard beside the padding probe, whatever the axes' verdicts. A refusal on a bucket that
+        pads also revises the verdict of each axis whose padding changes ONNX Runtime's own outputs at
+        this bucket's sizes, for every bucket of the model."""
+        shapes = served.planner.most_padded_request(bucket.bucket)
+        inputs, engines = self._serving(served, bucket, kernels, shapes)
         reference = served.ort.run(inputs)
-        s = self.settings
-        return {
-            name: compare_outputs(engine.run(inputs), reference, s.verify_rtol, s.verify_atol).max_abs_error
-            for name, engine in engines.items()
-        }
+        rtol, atol = served.options.rtol, served.options.atol
+        tolerance = served.planner.approximate_tolerance(bucket.bucket)
+        errors, refused = {}, {}
+        for name, engine in engines.items():
+            comparison = compare_outputs(engine.run(inputs), reference, rtol, atol)
+            errors[name] = comparison.max_abs_error
+            if comparison.matches or (tolerance is not None and comparison.max_abs_error <= tolerance):
+                continue
+            request = bucket_label({k: v.shape for k, v in inputs.items()})
+            refused[name] = f"padding gate: {name} not routed, {comparison.detail} on request {request}"
+            log.warning("model %s bucket %s: %s", served.name, bucket.label, refused[name])
+        if refused:
+            revised = self._revise_verdicts(served, bucket, inputs)
+            self.metrics.correctness.record_gate_refusal(model=served.name, revised_axes=revised)
+        return errors, refused
+
+    def _revise_verdicts(self, served: ServedModel, bucket: ServedBucket, inputs: dict[str, np.ndarray]) -> int:
+        """Each axis this bucket pads is checked with ONNX Runtime at the request's sizes padded to the
+        bucket's; one whose padding changes the outputs is unsafe from now on, stored with the reason.
+        Returns how many were revised."""
+        plan = served.planner.plan({name: array.shape for name, array in inputs.items()})
+        options = served.options
+        revised = {}
+        for axis, size in plan.padded_axes.items():
+            if served.planner.effective_policy(axis).approximate is not None:
+                continue  # its padding changes the outputs by design, within its own tolerance
+            verdict = check_axis_padding(
+                served.ort,
+                served.model.signature,
+                axis,
+                plan.request_axes,
+                plan.bucket_axes[axis],
+                pad_values=served.record.config.pad_values,
+                rtol=options.rtol,
+                atol=options.atol,
+                seed=options.seed,
+                index_limits=served.model.index_bounds.limits,
+            )
+            if verdict.safe or verdict.probe_failed:
+                continue
+            padded = plan.bucket_axes[axis]
+            reason = f"revised by the padding gate on bucket {bucket.label}: at {size} -> {padded}, {verdict.reason}"
+            revised[axis] = verdict.model_copy(update={"reason": reason})
+        if not revised or served.retired:
+            return 0
+        served.revise_safety(revised)
+        self.models.update_fields(served.record, "safety")
+        for axis, verdict in revised.items():
+            log.warning("model %s axis %r: %s", served.name, axis, verdict.reason)
+        return len(revised)
 
     def restore(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """A bucket routed by an earlier process keeps its measured route (no compile, no re-measure)."""

@@ -199,12 +199,14 @@ class ServedBucket:
         compile_seconds: float | None = None,
         padded_error: dict[str, float] | None = None,
         throughput_rps: dict[str, float] | None = None,
+        reason: str | None = None,
     ) -> None:
         """Ready, served by ``route`` (first routing, a restored route or a re-route after tuning); by
-        throughput when ``throughput_rps`` is given, else by latency."""
+        throughput when ``throughput_rps`` is given, else by latency; ``reason`` says why, if anything
+        kept a faster engine off."""
         with self._lock:
             self._check(BucketState.READY)
-            self.state, self.reason, self.route = BucketState.READY, None, route
+            self.state, self.reason, self.route = BucketState.READY, reason, route
             self.latency_ms = {engine: round(ms, 4) for engine, ms in latency_ms.items()}
             self.throughput_rps = {engine: round(rps, 1) for engine, rps in (throughput_rps or {}).items()}
             self.routed_by = "throughput" if throughput_rps else "latency"
