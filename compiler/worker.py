@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,21 @@ def die_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def watch_parent(parent_pid: int, interval: float = 0.5) -> threading.Thread:
+    """A daemon thread that ends this process once its parent is gone (it is then re-parented): for a
+    child that may wait forever on its parent, where the parent-death signal alone may not reach it
+    (the signal follows the *thread* that started the child, not the process)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="jitserve-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _child_main(function_path: tuple[str, str], argument: Any, connection, parent_pid: int, memory_limit: int) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import multiprocessing
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +23,18 @@ import numpy as np
 import orjson
 
 from compiler.errors import BadRequestError, JitServeError, UnavailableError
+from compiler.worker import die_with_parent, watch_parent
 
 PROCESS_PARSE_BYTES = 1 << 20
+STOP_SECONDS = 3.0
+"""How long a closing server waits for its parsers to exit before it kills them."""
+
+
+def _start_parser(parent_pid: int) -> None:
+    """A parser dies with its server, however the server ends: the parent-death signal for a kill, and a
+    watch on its parent besides (it idles on its queue for good otherwise)."""
+    die_with_parent(parent_pid)
+    watch_parent(parent_pid)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -64,7 +76,9 @@ class JsonParsers:
         if self._pool is None:
             # spawn: the server has threads, and a forked copy of a lock held by one of them never opens
             context = multiprocessing.get_context("spawn")
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=context)
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.processes, mp_context=context, initializer=_start_parser, initargs=(os.getpid(),)
+            )
         try:
             future = self._pool.submit(parse_json_tensors, body)
         except RuntimeError:
@@ -76,8 +90,19 @@ class JsonParsers:
             raise UnavailableError("the JSON parser process died; retry") from None
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the parsers and wait for them to exit (killed past ``STOP_SECONDS``): a pool shut down
+        without waiting leaves its workers to exit on their own, after the server."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        workers = list((pool._processes or {}).values())  # the pool keeps them private
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + STOP_SECONDS
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()
+                worker.join(1)
 
 
 class BodyBudget:

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
+MARK = "JITSERVE_TEST_SERVER_MARK"
+"""An environment variable each test server and every process it starts carries (replicas share a data
+dir, so the dir alone does not tell one server's children from another's)."""
+LEFTOVER_SECONDS = 8.0
+"""How long after a server exits its children may take to follow it."""
 
 
 def free_port() -> int:
@@ -30,6 +38,7 @@ class ServerProcess:
         self.port = free_port()
         self.process: subprocess.Popen | None = None
         self.log_path = data_dir.parent / f"server-{self.port}.log"
+        self.mark = uuid.uuid4().hex
 
     @property
     def url(self) -> str:
@@ -37,7 +46,7 @@ class ServerProcess:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({"JITSERVE_DATA_DIR": str(self.data_dir), "JITSERVE_PORT": str(self.port)})
+        env.update({"JITSERVE_DATA_DIR": str(self.data_dir), "JITSERVE_PORT": str(self.port), MARK: self.mark})
         env.setdefault("JITSERVE_DEMO_MODEL", "false")
         # Tests that watch a compile start it with one request; admission's own tests raise this.
         env.setdefault("JITSERVE_COMPILE_MIN_HITS", "1")
@@ -63,7 +72,17 @@ class ServerProcess:
         raise TimeoutError(f"server did not come up:\n{self.log()}")
 
     def stop(self) -> None:
+        """Stop the server (if it still runs), then check that every process it started has exited within
+        ``LEFTOVER_SECONDS``: one left is killed, and the test fails naming it."""
         stop_process(self.process)
+        left = processes_marked(self.mark, LEFTOVER_SECONDS)
+        if not left:
+            return
+        described = describe_processes(left)
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        raise AssertionError(f"the server's children outlived it by {LEFTOVER_SECONDS:g} s: {described}")
 
     def restart(self) -> ServerProcess:
         self.stop()
@@ -86,6 +105,30 @@ def stop_process(process: subprocess.Popen | None, timeout: float = 15) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def processes_marked(mark: str, wait: float = 0.0) -> list[psutil.Process]:
+    """The live processes whose environment carries ``mark``, after waiting up to ``wait`` seconds for
+    them to exit."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get(MARK) == mark and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
+
+
+def describe_processes(processes: list[psutil.Process]) -> str:
+    described = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            command = " ".join(process.cmdline())[:160]
+            described.append(f"pid {process.pid} ({process.status()}, parent {process.ppid()}): {command}")
+    return "; ".join(described)
 
 
 def variant(data: bytes, text: str) -> bytes:

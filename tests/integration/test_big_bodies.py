@@ -11,11 +11,18 @@ import httpx
 import numpy as np
 import orjson
 import psutil
+import pytest
 
 from tests import synthetic
-from tests.integration.serverproc import ServerProcess
+from tests.integration.serverproc import (
+    LEFTOVER_SECONDS,
+    ServerProcess,
+    describe_processes,
+    processes_marked,
+    wait_until,
+)
 from tests.integration.test_errors import assert_error
-from tests.integration.test_serving import upload
+from tests.integration.test_serving import settled_bucket, upload
 
 ROWS = 40_000  # ~3 MiB of JSON: past the size parsed in a child process
 
@@ -69,5 +76,30 @@ def test_a_body_past_the_budget_waits_then_answers_503(tmp_path):
             slow.join(30)
             assert answers[0].status_code == 200, answers[0].text
             assert client.post("/models/add/predict", content=body).status_code == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGKILL"])
+def test_no_child_outlives_a_server_that_parsed_and_compiled(tmp_path, stop):
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        with server.client() as client:
+            assert upload(client, "add", synthetic.add_model()).status_code == 201
+            x = np.random.default_rng(1).standard_normal((ROWS, 4)).astype(np.float32)
+            assert client.post("/models/add/predict", content=orjson.dumps({"inputs": {"x": x.tolist()}})).is_success
+            small = {"inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}}
+            assert client.post("/models/add/predict", json=small).is_success  # its bucket compiles
+            wait_until(lambda: settled_bucket(client, "add", "x=1x4")["state"] == "ready", what="compiled")
+            started = psutil.Process(server.process.pid).children(recursive=True)
+            parsers = [p for p in started if "multiprocessing-fork" in " ".join(p.cmdline())]
+            assert parsers, describe_processes(started)
+        if stop == "SIGKILL":
+            server.process.kill()
+        else:
+            server.process.terminate()
+        server.process.wait(30)
+        # every process the server started, by the mark in its environment: none left within 8 s
+        assert processes_marked(server.mark, LEFTOVER_SECONDS) == []
     finally:
         server.stop()

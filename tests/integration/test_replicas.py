@@ -5,6 +5,7 @@ within seconds, and a replica killed mid-compile hands its lease on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -232,6 +233,7 @@ def test_a_replica_killed_while_it_holds_a_kernel_lease_hands_it_on(tmp_path):
     data = tmp_path / "data"
     warm = {"axes": {"batch": {"kind": "exact"}}, "warm_buckets": [{"x": [3, 4]}]}
     holder, waiter = start_replicas(data, count=2)
+    children = []
     try:
         with holder.client() as client:
             assert upload(client, "w", DEMO, warm).status_code == 201
@@ -253,6 +255,9 @@ def test_a_replica_killed_while_it_holds_a_kernel_lease_hands_it_on(tmp_path):
         assert metric_value(text, "jitserve_compile_lease_takeovers_total") == 1
         assert "took over" in waiter.log()
     finally:
+        for child in children:  # frozen before it could set its parent-death signal: reaped here
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         holder.stop()
         waiter.stop()
     store = ArtifactStore(data / "kernels")  # a later start sweeps what the killed replica left
