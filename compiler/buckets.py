@@ -78,6 +78,7 @@ class AxisPolicy(BaseModel):
     approximate: float | None = Field(
         None,
         gt=0,
+        allow_inf_nan=False,
         description="opt-in, for models whose own preprocessing pads (text lines, letterboxed images): "
         "pad even though padding changes the outputs, by at most this absolute error (checked at upload, "
         "measured per bucket)",

@@ -13,6 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .buckets import Bucket
 from .tvm import PIPELINE
 
+MAX_RTOL = 1.0
+"""Past these a verification passes almost any kernel: a config or setting beyond them is refused."""
+MAX_ATOL = 1.0
+
 
 class CompileSettings(BaseSettings):
     """The settings the compiler reads; the server's settings extend this class."""
@@ -42,11 +46,11 @@ class CompileSettings(BaseSettings):
     """Data-segment limit (RLIMIT_DATA) of one compile child, in bytes; a compile past it fails as out of
     memory and is not retried (0: no limit)."""
 
-    verify_rtol: float = 1e-3
-    """Relative tolerance of kernel verification against ONNX Runtime."""
+    verify_rtol: float = Field(1e-3, gt=0, le=MAX_RTOL, allow_inf_nan=False)
+    """Relative tolerance of kernel verification against ONNX Runtime (above 0, at most 1)."""
 
-    verify_atol: float = 1e-4
-    """Absolute tolerance of kernel verification against ONNX Runtime."""
+    verify_atol: float = Field(1e-4, gt=0, le=MAX_ATOL, allow_inf_nan=False)
+    """Absolute tolerance of kernel verification against ONNX Runtime (above 0, at most 1)."""
 
     verify_seed: int = 0
     """Seed of the random inputs used to verify kernels and check padding safety."""

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
 from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
@@ -98,6 +99,10 @@ def error_response(exc: Exception) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first["loc"])
         return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=400)
+    if isinstance(exc, ClientDisconnect):
+        # The client's choice, not a fault here: nobody reads this answer, and no error is counted.
+        log.info("client disconnected before its request body was read whole")
+        return JSONResponse({"error": "client disconnected before sending its whole body"}, status_code=400)
     if isinstance(exc, HTTPException):
         # e.g. a 405's Allow header
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)

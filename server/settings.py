@@ -50,6 +50,10 @@ class Settings(CompileSettings):
     (a ``ConstantOfShape`` of 4 TB), or an input at a config's probe sizes, warm buckets or dynamic range.
     A model or config past it is refused at upload, before anything allocates it."""
 
+    max_symbolic_axes: int = Field(256, ge=1)
+    """Most symbolic axes a model may have (each costs the upload a padding probe, and each request a
+    bucket dimension); a model with more is refused at upload, naming its count."""
+
     probe_seconds: float = Field(30.0, gt=0)
     """Time an upload's padding-safety probe may take (two ONNX Runtime runs per symbolic axis): axes not
     probed by then are served exactly. Probes run outside the lock other uploads wait on."""

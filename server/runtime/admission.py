@@ -135,6 +135,9 @@ class Admission:
         model = load()
         self.memory_guard.check_upload(name, model.weight_bytes)  # before ONNX Runtime takes its copies
         check_model_fits(model.proto, model.signature, self.settings.max_tensor_bytes)
+        axes, limit = len(model.signature.axes()), self.settings.max_symbolic_axes
+        if axes > limit:
+            raise BadRequestError(f"the model has {axes} symbolic axes; at most {limit} are served (max_symbolic_axes)")
         parsed = parse_config(model, config)
         ort = self._ort(model, self._target(parsed))
         safety = self._check_padding(model, ort, parsed)

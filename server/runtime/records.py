@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.errors import BadRequestError
 from compiler.model import model_digest
+from compiler.options import MAX_ATOL, MAX_RTOL
 from compiler.store import StagingArea
 
 from .batcher import DynamicBatching
@@ -70,10 +71,16 @@ class ModelConfig(BaseModel):
     warm_buckets: list[dict[str, list[Annotated[int, Field(ge=0)]]]] = Field(
         default_factory=list, description="request shapes compiled right after upload"
     )
-    pad_values: dict[str, float] = Field(default_factory=dict, description="pad value per input (default 0)")
+    pad_values: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict, description="pad value per input (default 0)"
+    )
     target: str | None = Field(None, description="llvm, cuda or a JSON target; default from settings")
-    rtol: float | None = Field(None, gt=0, description="verification rtol; default from settings")
-    atol: float | None = Field(None, gt=0, description="verification atol; default from settings")
+    rtol: float | None = Field(
+        None, gt=0, le=MAX_RTOL, allow_inf_nan=False, description="verification rtol, in (0, 1]; default from settings"
+    )
+    atol: float | None = Field(
+        None, gt=0, le=MAX_ATOL, allow_inf_nan=False, description="verification atol, in (0, 1]; default from settings"
+    )
     dynamic_batching: DynamicBatching | None = Field(
         None, description="join concurrent requests along the batch axis into one run (off when absent)"
     )

@@ -8,6 +8,7 @@ half-written model on disk.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from tests import malformed, synthetic
-from tests.integration.serverproc import ServerProcess
+from tests.integration.serverproc import ServerProcess, wait_until
 
 MAX_MODEL_BYTES = 2000
 MAX_PREDICT_BYTES = 1000
@@ -207,6 +208,10 @@ def test_longest_model_name_is_fine(client):
             json.dumps({"axes": {"batch": {"kind": "dynamic", "min": 1, "max": 10**12}}}),
             ["axes.batch dynamic max", "largest tensor"],
         ),
+        ('{"rtol": 1e999}', ["invalid config at rtol", "finite"]),
+        ('{"atol": 5}', ["invalid config at atol", "less than or equal to 1"]),
+        ('{"pad_values": {"x": -1e999}}', ["invalid config at pad_values.x", "finite"]),
+        ('{"axes": {"batch": {"approximate": 1e999}}}', ["invalid config at axes.batch.approximate", "finite"]),
     ],
     ids=[
         "not-json",
@@ -221,6 +226,10 @@ def test_longest_model_name_is_fine(client):
         "huge-probe",
         "huge-warm",
         "huge-dynamic-range",
+        "infinite-rtol",
+        "atol-past-range",
+        "infinite-pad",
+        "infinite-approximate",
     ],
 )
 def test_invalid_config(client, config, words):
@@ -381,6 +390,19 @@ def test_inference_pool_full(one_slot_server):
         assert response.status_code == 200, response.text
         assert len(response.json()["outputs"]["y"]) == 1024
     assert one_slot_server.process.poll() is None
+
+
+def test_a_client_gone_mid_body_is_no_server_error(client, server):
+    said = "client disconnected before its request body was read whole"
+    for count, (path, head) in enumerate((("/predict", "application/json"), ("/models/gone", "application/x"))):
+        method = "POST" if path == "/predict" else "PUT"
+        with socket.create_connection(("127.0.0.1", server.port)) as raw:
+            request = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {head}\r\nContent-Length: 900\r\n\r\n"
+            raw.sendall(request.encode() + b'{"model": "add"')
+        wait_until(lambda: server.log().count(said) > count, timeout=30, what=f"{path}'s disconnect logged")  # noqa: B023
+    assert client.get("/healthz").status_code == 200
+    assert "unhandled error" not in server.log()
+    assert client.get("/models/gone").status_code == 404
 
 
 # -- afterwards ------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Uploads that would cost without bound: the padding probe of a model with
-2,000 symbolic axes stops at its time budget, holds up no other upload while
-it runs, and ends at SIGTERM (its model is never stored)."""
+"""Uploads that would cost without bound: a model with more symbolic axes than
+the limit is refused at once, naming its count; under a raised limit, the
+padding probe of a model with 2,000 stops at its time budget, holds up no other
+upload while it runs, and ends at SIGTERM (its model is never stored)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess
+from tests.integration.test_errors import assert_error
 from tests.integration.test_serving import upload
 
 AXES = 2000  # ~50 ms of probing per axis here: minutes for the whole model
@@ -33,7 +35,7 @@ def upload_in_background(server: ServerProcess, name: str, data: bytes) -> tuple
 
 
 def test_a_long_probe_stops_at_its_budget_and_holds_up_no_other_upload(tmp_path):
-    server = ServerProcess(tmp_path / "data", probe_seconds=4, compile_workers=0).start()
+    server = ServerProcess(tmp_path / "data", probe_seconds=4, compile_workers=0, max_symbolic_axes=AXES).start()
     try:
         thread, answers = upload_in_background(server, "wide", synthetic.many_inputs_model(AXES))
         time.sleep(0.5)
@@ -55,8 +57,23 @@ def test_a_long_probe_stops_at_its_budget_and_holds_up_no_other_upload(tmp_path)
         server.stop()
 
 
+def test_a_model_past_the_symbolic_axis_limit_is_refused_at_once(tmp_path):
+    server = ServerProcess(tmp_path / "data", compile_workers=0).start()  # the default limit, 256
+    try:
+        with server.client() as client:
+            started = time.monotonic()
+            refused = upload(client, "wide", synthetic.many_inputs_model(AXES))
+            assert time.monotonic() - started < 10
+            assert_error(refused, 400, "the model has 2000 symbolic axes; at most 256 are served (max_symbolic_axes)")
+            assert client.get("/models/wide").status_code == 404
+    finally:
+        server.stop()
+
+
 def test_sigterm_ends_a_probe_and_its_model_is_not_stored(tmp_path):
-    server = ServerProcess(tmp_path / "data", probe_seconds=600, shutdown_grace_seconds=1).start()
+    server = ServerProcess(
+        tmp_path / "data", probe_seconds=600, shutdown_grace_seconds=1, max_symbolic_axes=AXES
+    ).start()
     thread, answers = upload_in_background(server, "wide", synthetic.many_inputs_model(AXES))
     time.sleep(1.5)
     assert thread.is_alive()
