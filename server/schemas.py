@@ -40,6 +40,11 @@ class Bucket(BaseModel):
         description="per kernel, its largest absolute difference from onnxruntime on the bucket's most padded "
         "request (an approximate axis's kernel serves only within its tolerance)"
     )
+    demoted: dict[str, str] = Field(
+        default_factory=dict,
+        description="kernel key -> why a shadow check took it off the bucket (it answered a served request "
+        "differently from onnxruntime): never routed again",
+    )
     compile_seconds: float | None
     kernel: str = Field(
         description="the key of the bucket's kernel in the store: the same for every version and model with this "

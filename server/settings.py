@@ -50,6 +50,18 @@ class Settings(CompileSettings):
     (a ``ConstantOfShape`` of 4 TB), or an input at a config's probe sizes, warm buckets or dynamic range.
     A model or config past it is refused at upload, before anything allocates it."""
 
+    shadow_rate: float = Field(0.05, ge=0, le=1)
+    """Share of the requests a compiled kernel answers that run again on ONNX Runtime, off the hot path at
+    idle priority, and are compared with the bucket's tolerance: a kernel that differs is demoted (its bucket
+    routes to ONNX Runtime for good, with the reason). 0: no shadow checks."""
+
+    shadow_max_per_second: float = Field(5.0, gt=0)
+    """At most this many shadow checks start in any one second, whatever the traffic; samples past it are
+    dropped (counted), never delayed."""
+
+    shadow_queue_size: int = Field(8, ge=1)
+    """Sampled requests waiting for their shadow check; a sample that finds the queue full is dropped."""
+
     max_symbolic_axes: int = Field(256, ge=1)
     """Most symbolic axes a model may have (each costs the upload a padding probe, and each request a
     bucket dimension); a model with more is refused at upload, naming its count."""

@@ -525,3 +525,24 @@ def conv_pool_model(channels: int = 8) -> bytes:
         initializer=[numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
     )
     return make_model(graph).SerializeToString()
+
+
+def saturation_model(*, wrong: bool = False) -> bytes:
+    """``y = 0.5 x`` on x[batch, 16]; ``wrong`` adds Relu(x - 200): the same answers on every input
+    verification draws, different ones on saturated pixels (255), as a miscompiled kernel would give."""
+    nodes = [helper.make_node("Mul", ["x", "half"], ["y" if not wrong else "scaled"])]
+    if wrong:
+        nodes += [
+            helper.make_node("Sub", ["x", "knee"], ["over"]),
+            helper.make_node("Relu", ["over"], ["excess"]),
+            helper.make_node("Add", ["scaled", "excess"], ["y"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "saturation",
+        [value("x", "float32", ["batch", 16])],
+        [value("y", "float32", ["batch", 16])],
+        initializer=[numpy_helper.from_array(np.array(0.5, dtype=np.float32), "half")]
+        + ([numpy_helper.from_array(np.array(200.0, dtype=np.float32), "knee")] if wrong else []),
+    )
+    return make_model(graph).SerializeToString()

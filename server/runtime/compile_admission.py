@@ -181,7 +181,8 @@ class CompileAdmission:
                 (f"cold: {s.max_compiled_buckets} buckets of the model compiled or admitted, none half as busy"),
             )
         if remembered and self.router.restore(served, bucket):
-            return "admitted", "restored", "restored: routed by an earlier process"
+            # a route kept off a kernel says why (a demotion), as it did before the restart
+            return "admitted", "restored", bucket.reason or "restored: routed by an earlier process"
         return "admitted", "stored" if stored else "threshold", "admitted: waiting for a compile worker"
 
     def _make_room(self, served: ServedModel, bucket: ServedBucket, now: float) -> bool:

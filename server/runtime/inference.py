@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from .kernel_cache import Kernels
 from .metrics import Metrics
 from .registry import Registry, ServedModel
 from .state import BucketState, ServedBucket
+
+if TYPE_CHECKING:
+    from .shadow import ShadowChecks
 
 T = TypeVar("T")
 
@@ -115,10 +118,13 @@ class Inference:
         admission: CompileAdmission,
         cold_lane: bool = False,
         kernel_input_max_abs: float = 1e6,
+        shadow: ShadowChecks | None = None,
     ) -> None:
         """``admission`` counts every bucket's hits, is asked about every request to a cold bucket and
         tells new shapes from established ones, which ``cold_lane`` runs at idle priority. Requests with
-        float inputs past ``kernel_input_max_abs`` or not finite go to ONNX Runtime."""
+        float inputs past ``kernel_input_max_abs`` or not finite go to ONNX Runtime. ``shadow`` samples
+        the requests kernels answer, to check them against ONNX Runtime."""
+        self.shadow = shadow
         self.kernel_input_max_abs = kernel_input_max_abs
         self.registry = registry
         self.kernels = kernels
@@ -286,6 +292,8 @@ class Inference:
                 engine = bucket.route or "tvm"
                 outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
                 self.metrics.record_padding(model=served.name, waste=plan.padding_waste())
+                if self.shadow is not None:
+                    self.shadow.offer(served, bucket, engine, arrays, outputs)
             else:
                 engine = "onnxruntime"
                 outputs = served.ort.run(arrays)

@@ -98,6 +98,10 @@ class BucketRecord(BaseModel):
     throughput_rps: dict[str, float] = Field(default_factory=dict)
     padded_error: dict[str, float] = Field(default_factory=dict)
     route: str | None = None
+    reason: str | None = None
+    """Why the route is what it is, if something kept a faster engine off (the padding gate, a demotion)."""
+    demoted: dict[str, str] = Field(default_factory=dict)
+    """Kernel key -> why a shadow check took it off the bucket: never routed again."""
     tuned_key: str | None = None
     tuning: TuningStatus | None = None
     history: list[CompileEvent] = Field(default_factory=list)

@@ -67,7 +67,12 @@ class ServedModel:
                 key = self.key_of(bucket, verify_sizes=sizes)
                 known = self.record.buckets.get(label)
                 served = self.buckets[label] = ServedBucket(
-                    label, bucket, key, verify_sizes=sizes, history=known.history if known else None
+                    label,
+                    bucket,
+                    key,
+                    verify_sizes=sizes,
+                    history=known.history if known else None,
+                    demoted=known.demoted if known else None,
                 )
             return served
 

@@ -57,7 +57,8 @@ class Router:
         timed = {"onnxruntime": served.ort, **engines}
         latency = median_latencies_ms(timed, inputs, warmup=2, runs=self.settings.routing_runs)
         errors, refused = self._padding_gate(served, bucket, kernels)
-        allowed = ["onnxruntime"] + [e for e in kernels if e not in refused]
+        demoted = {e for e in kernels if bucket.key_for(e) in bucket.demoted}  # never again, whatever it measures
+        allowed = ["onnxruntime"] + [e for e in kernels if e not in refused and e not in demoted]
         throughput = None
         concurrency = min(bucket.peak_concurrency, self.settings.inference_threads)
         if self.settings.routing == "compiled":
@@ -159,6 +160,14 @@ class Router:
             log.warning("model %s axis %r: %s", served.name, axis, verdict.reason)
         return len(revised)
 
+    def demote(self, served: ServedModel, bucket: ServedBucket, engine: str, reason: str) -> bool:
+        """Take ``engine``'s kernel off the bucket for good (a restart keeps it off; a new compile, with a key
+        of its own, may serve again): ONNX Runtime serves the bucket. False if ``engine`` no longer served it."""
+        if not bucket.demote(engine, reason):
+            return False
+        self.remember(served, bucket)
+        return True
+
     def restore(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """A bucket routed by an earlier process keeps its measured route (no compile, no re-measure)."""
         known = served.record.buckets.get(bucket.label)
@@ -178,6 +187,7 @@ class Router:
             compile_seconds=compiled.compile_seconds if compiled else None,
             padded_error=known.padded_error,
             throughput_rps=known.throughput_rps,
+            reason=known.reason,
         )
         return True
 
@@ -192,6 +202,8 @@ class Router:
             throughput_rps=bucket.throughput_rps,
             padded_error=bucket.padded_error,
             route=bucket.route,
+            reason=bucket.reason,
+            demoted=bucket.demoted,
             tuned_key=bucket.tuned_key,
             tuning=bucket.tuning,
             history=bucket.history,

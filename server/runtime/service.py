@@ -40,6 +40,7 @@ from .records import ModelStore
 from .registry import Registry, ServedModel
 from .router import Router
 from .scheduler import CompileScheduler
+from .shadow import ShadowChecks
 from .store_janitor import StoreJanitor
 from .store_watch import StoreWatch
 from .tuner import BackgroundTuner
@@ -79,6 +80,7 @@ class ModelService:
         self.registry = Registry(on_retire=self._release)
         self.explanations = Explanations(self.artifacts, settings.explain_profile_seconds, kernel_threads or None)
         self.router = Router(settings, metrics, self.models_store, self.artifacts)
+        self.shadow = ShadowChecks(settings, metrics, self.router)
         self.builder = BucketBuilder(settings, metrics, self.kernels, self.router, compile_function=compile_function)
         self.scheduler = CompileScheduler(
             settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
@@ -96,6 +98,7 @@ class ModelService:
             admission=self.compile_admission,
             cold_lane=settings.cold_lane,
             kernel_input_max_abs=settings.kernel_input_max_abs,
+            shadow=self.shadow,
         )
         self.admission = Admission(
             settings,
@@ -170,6 +173,7 @@ class ModelService:
             log.info("shutdown: stopped %d compile or tuning children", stopped)
         self.scheduler.close()
         self.inference.close()
+        self.shadow.close()
         self.json_parsers.close()
 
     @property

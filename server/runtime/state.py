@@ -112,6 +112,7 @@ class ServedBucket:
         warm: bool = False,
         verify_sizes: dict | None = None,
         history: list[CompileEvent] | None = None,
+        demoted: dict[str, str] | None = None,
     ) -> None:
         self.label = label
         self.bucket = bucket
@@ -133,6 +134,8 @@ class ServedBucket:
         self.peak_concurrency = 1
         """Most of its requests seen running at once."""
         self._in_flight = 0
+        self.demoted: dict[str, str] = dict(demoted or {})
+        """Kernel key -> why a shadow check took it off this bucket: never routed again."""
         self.padded_error: dict[str, float] = {}
         """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
@@ -214,6 +217,17 @@ class ServedBucket:
                 self.padded_error = {engine: float(f"{error:.3g}") for engine, error in padded_error.items()}
             if compile_seconds is not None:
                 self.compile_seconds = compile_seconds
+
+    def demote(self, engine: str, reason: str) -> bool:
+        """``engine``'s kernel answered wrong: ONNX Runtime serves the bucket, and the kernel's key is kept
+        out for good. False if ``engine`` no longer serves it."""
+        with self._lock:
+            key = self.key_for(engine)
+            if self.state is not BucketState.READY or self.route != engine or key is None:
+                return False
+            self.route, self.reason = "onnxruntime", reason
+            self.demoted = {**self.demoted, key: reason}
+            return True
 
     def _check(self, to: BucketState) -> None:
         if to not in LEGAL_MOVES[self.state]:
@@ -328,6 +342,7 @@ class ServedBucket:
                 "throughput_rps": dict(self.throughput_rps),
                 "peak_concurrency": self.peak_concurrency,
                 "padded_error": dict(self.padded_error),
+                "demoted": dict(self.demoted),
                 "compile_seconds": self.compile_seconds,
                 "kernel": self.key,
                 "hits": self._hits,
