@@ -42,6 +42,13 @@ class Comparison:
     detail: str
 
 
+def _nan_mismatches(got: np.ndarray, want: np.ndarray) -> int:
+    """Places where exactly one of two float arrays is NaN (the largest difference ignores them)."""
+    if got.dtype.kind not in "fc" and want.dtype.kind not in "fc":
+        return 0
+    return int(np.count_nonzero(np.isnan(got.astype(np.float64)) != np.isnan(want.astype(np.float64))))
+
+
 def tolerances_for(dtype: str, rtol: float, atol: float) -> tuple[float, float]:
     """float16 carries ~3 decimal digits: never ask more of it than that."""
     if dtype == "float16":
@@ -72,5 +79,8 @@ def compare_outputs(
         if error >= worst_error:
             worst_error, worst_name = error, name
         if not close:
-            problems.append(f"output {name!r} differs by up to {error:.3g}")
+            nan = _nan_mismatches(got, want)
+            differs = [f"differs by up to {error:.3g}"] if error or not nan else []
+            differs += [f"has NaN in {nan} places where the other has a number"] if nan else []
+            problems.append(f"output {name!r} {' and '.join(differs)}")
     return Comparison(not problems, worst_error, worst_name, "; ".join(problems) or "ok")
