@@ -78,11 +78,16 @@ class ServedModel:
 
     def revise_safety(self, verdicts: dict[str, AxisSafety]) -> None:
         """Axes found unsafe after upload: every request planned from now on is bucketed without padding
-        them (buckets planned before keep their kernels, and see no more requests)."""
+        them (buckets planned before keep their kernels, and see no more requests), and requests are no
+        longer joined along a batch axis found so."""
         with self.lock:
             safety = {**self.record.safety, **verdicts}
             self.record = self.record.model_copy(update={"safety": safety})
             self.planner.safety = safety
+            batch_axis = self.model.signature.leading_axis()
+            if self.batcher is not None and batch_axis in verdicts:  # requests are joined along it no more
+                self.batcher.close()
+                self.batcher, self.batching = None, f"off: {verdicts[batch_axis].reason}"
 
     def find_bucket(self, bucket: Bucket) -> ServedBucket | None:
         return self.buckets.get(bucket_label(bucket))
