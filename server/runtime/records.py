@@ -19,7 +19,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -240,24 +240,30 @@ class ModelStore:
     def update_bucket(self, record: ModelRecord, label: str) -> None:
         """Persist one bucket's record into the stored version, keeping the buckets other replicas
         recorded there since this one read it."""
-        with self.locked():
-            directory = self._dir(record.name, record.version)
-            try:
-                stored = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
-            except (OSError, ValueError):
-                return  # replaced or deleted meanwhile: the record goes with its version
+
+        def put_bucket(stored: ModelRecord) -> None:
             stored.buckets[label] = record.buckets[label]
-            _write_atomic(directory / RECORD_FILE, stored.model_dump_json(indent=2))
+
+        self._rewrite(record, put_bucket)
 
     def update_fields(self, record: ModelRecord, *fields: str) -> None:
-        """Persist some of a record's own fields (not its buckets) into the stored version."""
+        """Persist some of a record's own fields into the stored version (``buckets`` whole, if named)."""
+
+        def copy_fields(stored: ModelRecord) -> None:
+            for field in fields:
+                setattr(stored, field, getattr(record, field))
+
+        self._rewrite(record, copy_fields)
+
+    def _rewrite(self, record: ModelRecord, change: Callable[[ModelRecord], None]) -> None:
+        """Read the stored version's record, ``change`` it in place and write it back, under the store's lock."""
         with self.locked():
             directory = self._dir(record.name, record.version)
             try:
                 stored = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
             except (OSError, ValueError):
                 return  # replaced or deleted meanwhile: the record goes with its version
-            stored = stored.model_copy(update={field: getattr(record, field) for field in fields})
+            change(stored)
             _write_atomic(directory / RECORD_FILE, stored.model_dump_json(indent=2))
 
     def delete(self, name: str) -> None:

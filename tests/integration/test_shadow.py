@@ -28,9 +28,7 @@ def bucket_of(client, model: str, label: str) -> dict:
 def test_a_kernel_wrong_on_real_inputs_is_demoted_by_a_shadow_check(tmp_path):
     reference = OrtEngine(RIGHT)
     rng = np.random.default_rng(5)
-    server = ServerProcess(
-        tmp_path / "data", routing="compiled", shadow_rate=0.5, shadow_max_per_second=1000
-    ).start()
+    server = ServerProcess(tmp_path / "data", routing="compiled", shadow_rate=0.5, shadow_max_per_second=1000).start()
     try:
         with server.client() as client:
             assert upload(client, "sat", RIGHT).status_code == 201
