@@ -105,8 +105,7 @@ class Admission:
         buckets = {label: known.model_copy(update={"route": None}) for label, known in record.buckets.items()}
         record = record.model_copy(update={"safety": safety, "probe_version": PROBE_VERSION, "buckets": buckets})
         self.models.update_fields(record, "safety", "probe_version", "buckets")
-        log.info("model %s v%d: padding verdicts made again by probe version %d", record.name, record.version,
-                 PROBE_VERSION)  # fmt: skip
+        log.info("model %s v%d: padding verdicts made again (probe %d)", record.name, record.version, PROBE_VERSION)
         return record
 
     def load_stored(self, name: str) -> ServedModel:

@@ -4,9 +4,12 @@ for every bucket of the model, and stays so across a restart."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from compiler.engines import OrtEngine
+from compiler.padding import PROBE_VERSION
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import predict, settled_bucket, upload
@@ -56,5 +59,32 @@ def test_a_kernel_wrong_on_padded_requests_is_never_routed_and_the_axis_is_revis
             assert axis["padding_safety"]["reason"].startswith("revised by the padding gate")
             answer = predict(client, "mix", short)
             np.testing.assert_allclose(answer["outputs"]["y"], reference.run({"x": short})["y"], rtol=1e-4, atol=1e-5)
+    finally:
+        server.stop()
+
+
+def test_verdicts_stored_by_an_older_probe_are_made_again_at_start(tmp_path):
+    server = ServerProcess(tmp_path / "data", compile_workers=0).start()
+    try:
+        with server.client() as client:
+            assert upload(client, "conv", synthetic.conv_pool_model()).status_code == 201
+        server.stop()
+        # what the probe at 3 -> 4 stored: every axis safe, and a route measured under that verdict
+        path = server.data_dir / "models" / "conv" / "v1" / "record.json"
+        record = json.loads(path.read_text())
+        assert record["probe_version"] == PROBE_VERSION and not record["safety"]["W"]["safe"]
+        del record["probe_version"]
+        for axis in ("H", "W"):
+            record["safety"][axis].update(safe=True, reason="outputs match after padding 3 -> 4", output_axes={})
+        record["buckets"]["x=1x3x64x64"] = {"key": "0" * 64, "model_version": 1, "route": "tvm"}
+        path.write_text(json.dumps(record))
+
+        server.start()
+        with server.client() as client:
+            axes = client.get("/models/conv").json()["axes"]
+            assert not axes["W"]["padding_safety"]["safe"] and axes["W"]["effective_policy"] == "dynamic"
+        again = json.loads(path.read_text())
+        assert again["probe_version"] == PROBE_VERSION and not again["safety"]["H"]["safe"]
+        assert again["buckets"]["x=1x3x64x64"]["route"] is None  # timed and gated again once compiled
     finally:
         server.stop()
