@@ -133,10 +133,7 @@ class Admission:
         self._previous(name, replace)  # a taken name is refused before the expensive work
         model = load()
         self.memory_guard.check_upload(name, model.weight_bytes)  # before ONNX Runtime takes its copies
-        check_model_fits(model.proto, model.signature, self.settings.max_tensor_bytes)
-        axes, limit = len(model.signature.axes()), self.settings.max_symbolic_axes
-        if axes > limit:
-            raise BadRequestError(f"the model has {axes} symbolic axes; at most {limit} are served (max_symbolic_axes)")
+        check_served_sizes(model, self.settings)
         parsed = parse_config(model, config)
         ort = self._ort(model, self._target(parsed))
         safety = self._check_padding(model, ort, parsed)
@@ -218,7 +215,7 @@ class Admission:
     def build_served(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine | None = None) -> ServedModel:
         config = record.config
         target = self._target(config)
-        options = self._options(config)
+        options = compile_options(self.settings, config, self.tuning_database_dir)
         policies = {axis: config.policy_for(axis) for axis in model.signature.axes()}
         planner = BucketPlanner(model.signature, policies, record.safety, config.overflow, _warm_sizes(model, config))
         served = ServedModel(
@@ -245,20 +242,6 @@ class Admission:
 
     # -- parts of an upload ----------------------------------------------
 
-    def _options(self, config: ModelConfig) -> CompileOptions:
-        s = self.settings
-        return CompileOptions(
-            rtol=config.rtol or s.verify_rtol,
-            atol=config.atol or s.verify_atol,
-            seed=s.verify_seed,
-            timeout_seconds=s.compile_timeout_seconds,
-            memory_limit_bytes=s.compile_memory_bytes,
-            database_dir=str(self.tuning_database_dir),
-            nice=s.compile_nice,
-            idle_priority=s.compile_idle_priority,
-            explain=s.explain_bundles,
-        )
-
     def _target(self, config: ModelConfig) -> dict:
         try:
             return resolve_target(
@@ -279,7 +262,7 @@ class Admission:
             raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
 
     def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
-        options = self._options(config)
+        options = compile_options(self.settings, config, self.tuning_database_dir)
         check_sizes_fit(model.signature, config.probe_sizes, self.settings.max_tensor_bytes, "probe_sizes")
         return probe_padding(
             ort,
@@ -296,6 +279,29 @@ class Admission:
             seconds=self.settings.probe_seconds,
             cancelled=self.closing,
         )
+
+
+def compile_options(settings: Settings, config: ModelConfig, database_dir: Path) -> CompileOptions:
+    """How the model's kernels are compiled and verified: the config's tolerances over the settings'."""
+    return CompileOptions(
+        rtol=config.rtol or settings.verify_rtol,
+        atol=config.atol or settings.verify_atol,
+        seed=settings.verify_seed,
+        timeout_seconds=settings.compile_timeout_seconds,
+        memory_limit_bytes=settings.compile_memory_bytes,
+        database_dir=str(database_dir),
+        nice=settings.compile_nice,
+        idle_priority=settings.compile_idle_priority,
+        explain=settings.explain_bundles,
+    )
+
+
+def check_served_sizes(model: LoadedModel, settings: Settings) -> None:
+    """A model whose tensors or count of symbolic axes are past the settings' limits is refused at once."""
+    check_model_fits(model.proto, model.signature, settings.max_tensor_bytes)
+    axes, limit = len(model.signature.axes()), settings.max_symbolic_axes
+    if axes > limit:
+        raise BadRequestError(f"the model has {axes} symbolic axes; at most {limit} are served (max_symbolic_axes)")
 
 
 def parse_config(model: LoadedModel, config: dict | None) -> ModelConfig:

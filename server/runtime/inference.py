@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from .compile_admission import CompileAdmission
 from .inputs import parse_inputs
 from .kernel_cache import Kernels
 from .metrics import Metrics
+from .priority import idle_thread_priority
 from .registry import Registry, ServedModel
 from .state import BucketState, ServedBucket
 
@@ -334,12 +334,6 @@ def _ordinary(array: np.ndarray, max_abs: float) -> bool:
     if array.dtype.kind != "f":
         return True
     return bool(-max_abs <= array.min() and array.max() <= max_abs)
-
-
-def idle_thread_priority() -> None:
-    """Put the calling thread in Linux's idle scheduling class: any runnable thread of normal priority
-    preempts it at once (niceness only lowers its share, and its slice still delays a kernel's workers)."""
-    os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
 
 
 def _join(jobs: list[Job], pad_values: dict[str, float]) -> dict[str, np.ndarray]:

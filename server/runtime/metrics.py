@@ -10,6 +10,7 @@ and reasons are small fixed sets.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -40,137 +41,118 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._before_scrape: list[Callable[[], None]] = []
         r = self.registry
-        self.compiles = Counter(
+        counter, gauge, histogram = (partial(kind, registry=r) for kind in (Counter, Gauge, Histogram))
+        self.compiles = counter(
             "jitserve_compiles_total",
             "Kernel compiles by tier (tvm, tvm-tuned) and outcome (ok, verify_failed, error).",
             ["model", "target", "tier", "outcome"],
-            registry=r,
         )
-        self.recompiles = Counter(
+        self.recompiles = counter(
             "jitserve_recompiles_total",
             "Compiles of a bucket that had been compiled before, by reason.",
             ["model", "reason"],
-            registry=r,
         )
         self.store_checks: dict[str, dict[str, int]] = {}
         """The store check's last results by store, as the console shows them."""
-        self.store_check = Gauge(
+        self.store_check = gauge(
             "jitserve_store_check_entries",
             "The store check at start: kernels and models found sound (ok) or damaged (removed or skipped).",
             ["store", "result"],
-            registry=r,
         )
-        self.compile_retries = Counter(
+        self.compile_retries = counter(
             "jitserve_compile_retries_total",
             "Compiles scheduled again after a failure that may pass (child killed, crashed or timed out).",
             ["model"],
-            registry=r,
         )
-        self.compile_duration = Histogram(
+        self.compile_duration = histogram(
             "jitserve_compile_duration_seconds",
             "Wall time of one kernel compile (import, build, export).",
             ["model", "target"],
             buckets=COMPILE_BUCKETS,
-            registry=r,
         )
-        self.cache_hits = Counter(
+        self.cache_hits = counter(
             "jitserve_kernel_cache_hits_total",
             "Kernel-routed requests whose kernel was in the in-memory cache.",
             ["model"],
-            registry=r,
         )
-        self.cache_misses = Counter(
+        self.cache_misses = counter(
             "jitserve_kernel_cache_misses_total",
             "Requests whose bucket had no kernel in memory: first seen (compile queued) or evicted (reloaded).",
             ["model"],
-            registry=r,
         )
-        self.kernel_reloads = Counter(
+        self.kernel_reloads = counter(
             "jitserve_kernel_reloads_total",
             "Kernels loaded from the artifact store instead of compiled.",
             ["model"],
-            registry=r,
         )
         self.fleet = FleetMetrics(r)
         self.correctness = CorrectnessMetrics(r)
         self.store = StoreMetrics(r)
         self.memory_admission = MemoryAdmissionMetrics(r)
-        self.cache_evictions = Counter(
-            "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache.", registry=r
+        self.cache_evictions = counter(
+            "jitserve_kernel_cache_evictions_total", "Kernels evicted from the in-memory LRU cache."
         )
-        self.cache_entries = Gauge("jitserve_kernel_cache_entries", "Kernels held in the in-memory cache.", registry=r)
-        self.queue_depth = Gauge("jitserve_compile_queue_depth", "Compiles queued or running.", registry=r)
-        self.admissions = Counter(
+        self.cache_entries = gauge("jitserve_kernel_cache_entries", "Kernels held in the in-memory cache.")
+        self.queue_depth = gauge("jitserve_compile_queue_depth", "Compiles queued or running.")
+        self.admissions = counter(
             "jitserve_compile_admissions_total",
             "Compile admission's decisions on cold buckets' requests (admitted, deferred, refused) and "
             "evictions of compiled buckets, by reason.",
             ["model", "decision", "reason"],
-            registry=r,
         )
-        self.shape_storm = Gauge(
+        self.shape_storm = gauge(
             "jitserve_shape_storm",
             "1 while a model sees new buckets faster than compile admission allows (no compiles admitted).",
             ["model"],
-            registry=r,
         )
-        self.cold_lane_requests = Counter(
+        self.cold_lane_requests = counter(
             "jitserve_cold_lane_requests_total",
             "Requests to new shapes (buckets that have not earned a compile) run on the idle-priority cold lane.",
             ["model"],
-            registry=r,
         )
-        self.memory = Gauge(
-            "jitserve_resident_memory_bytes", "Resident memory of the server process itself.", registry=r
-        )
-        self.children_memory = Gauge(
+        self.memory = gauge("jitserve_resident_memory_bytes", "Resident memory of the server process itself.")
+        self.children_memory = gauge(
             "jitserve_children_resident_memory_bytes",
             "Resident memory of the server's child processes (compiles and tuning), summed.",
-            registry=r,
         )
         self.before_scrape(self._refresh_memory)
-        self.compile_stage_seconds = Counter(
+        self.compile_stage_seconds = counter(
             "jitserve_compile_stage_seconds_total",
             "Seconds spent in each stage of kernel compiles (simplify, import, ..., export, verify).",
             ["model", "stage"],
-            registry=r,
         )
-        self.routing = Counter(
+        self.routing = counter(
             "jitserve_routing_decisions_total",
             "Buckets routed to an engine after timing every verified engine.",
             ["model", "engine"],
-            registry=r,
         )
-        self.tuning_trials = Counter(
+        self.tuning_trials = counter(
             "jitserve_tuning_trials_total",
             "MetaSchedule trials measured by background tuning.",
             ["model"],
-            registry=r,
         )
-        self.tuning_seconds = Counter(
-            "jitserve_tuning_seconds_total", "Wall seconds spent in background tuning.", ["model"], registry=r
+        self.tuning_seconds = counter(
+            "jitserve_tuning_seconds_total", "Wall seconds spent in background tuning.", ["model"]
         )
         self.serving = RequestMetrics(r)
-        self.padding_waste = Histogram(
+        self.padding_waste = histogram(
             "jitserve_padding_waste_ratio",
             "Padded elements / bucket elements per kernel-served request (ONNX Runtime runs unpadded).",
             ["model"],
             buckets=RATIO_BUCKETS,
-            registry=r,
         )
 
-        self.batch_size = Histogram(
+        self.batch_size = histogram(
             "jitserve_batch_size",
             "Rows (entries along the batch axis) per run of a dynamically batched model.",
             ["model"],
             buckets=BATCH_SIZE_BUCKETS,
-            registry=r,
         )
-        self.batch_queue_delay = Histogram(
+        self.batch_queue_delay = histogram(
             "jitserve_batch_queue_delay_seconds",
             "Time a request waited in its model's batching queue before its batch ran.",
             ["model"],
             buckets=QUEUE_DELAY_BUCKETS,
-            registry=r,
         )
 
     def record_compile(self, *, model: str, target: str, tier: str, outcome: str, seconds: float | None) -> None:
@@ -256,32 +238,29 @@ class CorrectnessMetrics:
     and shadow checks of served answers against ONNX Runtime."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.gate_refusals = Counter(
+        counter = partial(Counter, registry=registry)
+        self.gate_refusals = counter(
             "jitserve_padding_gate_refusals_total",
             "Kernels kept off a bucket because their answer to its most padded request differed from "
             "ONNX Runtime's on the exact request.",
             ["model"],
-            registry=registry,
         )
-        self.verdicts_revised = Counter(
+        self.verdicts_revised = counter(
             "jitserve_padding_verdicts_revised_total",
             "Axes found unsafe to pad after upload (by the padding gate), for every bucket of the model.",
             ["model"],
-            registry=registry,
         )
-        self.shadow_checks = Counter(
+        self.shadow_checks = counter(
             "jitserve_shadow_checks_total",
             "Requests served by a compiled kernel and run again on ONNX Runtime off the hot path, by outcome "
             "(match, mismatch, dropped: the shadow queue was full or the rate cap reached, error: ONNX Runtime "
             "failed).",
             ["model", "outcome"],
-            registry=registry,
         )
-        self.shadow_demotions = Counter(
+        self.shadow_demotions = counter(
             "jitserve_shadow_demotions_total",
             "Kernels taken off their bucket because a shadow check found a served answer wrong.",
             ["model"],
-            registry=registry,
         )
 
     def record_gate_refusal(self, *, model: str, revised_axes: int) -> None:
@@ -299,29 +278,26 @@ class FleetMetrics:
     """The metrics of replicas sharing one store: builds waited for, leases taken over, changes followed."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.peer_builds = Counter(
+        counter, histogram = (partial(kind, registry=registry) for kind in (Counter, Histogram))
+        self.peer_builds = counter(
             "jitserve_kernels_built_by_peers_total",
             "Kernels this replica waited for while another process on the shared store built them (by tier).",
             ["tier"],
-            registry=registry,
         )
-        self.peer_wait = Histogram(
+        self.peer_wait = histogram(
             "jitserve_peer_build_wait_seconds",
             "How long a compile waited for another process on the shared store to build the same kernel.",
             buckets=COMPILE_BUCKETS,
-            registry=registry,
         )
-        self.lease_takeovers = Counter(
+        self.lease_takeovers = counter(
             "jitserve_compile_lease_takeovers_total",
             "Kernels built here after the process holding their build lease ended without one (died or failed).",
-            registry=registry,
         )
-        self.store_follows = Counter(
+        self.store_follows = counter(
             "jitserve_model_store_follows_total",
             "Changes another replica made to the shared model store that this one followed "
             "(new_model, new_version, deleted).",
             ["change"],
-            registry=registry,
         )
         for tier in ("tvm", "tvm-tuned"):  # zero before the first one: a dashboard shows 0, not "no data"
             self.peer_builds.labels(tier)
@@ -343,23 +319,21 @@ class StoreMetrics:
     """The artifact store's size against its budget, and what the budget removed."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.bytes = Gauge(
+        counter, gauge = (partial(kind, registry=registry) for kind in (Counter, Gauge))
+        self.bytes = gauge(
             "jitserve_kernel_store_bytes",
             "Bytes of the artifact store (kernels and prepared weights) after the last budget sweep.",
-            registry=registry,
         )
-        self.removals = Counter(
+        self.removals = counter(
             "jitserve_kernel_store_removals_total",
             "Entries the store's budget removed, by kind (kernel, weights) and reason (unreferenced: a deleted "
             "model's or superseded version's; least_recently_used).",
             ["kind", "reason"],
-            registry=registry,
         )
-        self.removed_bytes = Counter(
+        self.removed_bytes = counter(
             "jitserve_kernel_store_removed_bytes_total",
             "Bytes the store's budget removed, by kind and reason.",
             ["kind", "reason"],
-            registry=registry,
         )
         for kind in ("kernel", "weights"):  # zero before the first one: a dashboard shows 0, not "no data"
             for reason in REMOVAL_REASONS:
@@ -378,20 +352,18 @@ class MemoryAdmissionMetrics:
     """The memory limit uploads are admitted against, the weights held, and the uploads refused."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.limit = Gauge(
+        counter, gauge = (partial(kind, registry=registry) for kind in (Counter, Gauge))
+        self.limit = gauge(
             "jitserve_memory_limit_bytes",
             "The memory uploads are admitted against (JITSERVE_MEMORY_BYTES, else the container's limit).",
-            registry=registry,
         )
-        self.weights = Gauge(
+        self.weights = gauge(
             "jitserve_weights_bytes",
             "Bytes of model weights mapped for the kernels, once per model version, shared by its buckets.",
-            registry=registry,
         )
-        self.refusals = Counter(
+        self.refusals = counter(
             "jitserve_uploads_refused_for_memory_total",
             "Uploads refused (507) because their weights would not fit in memory beside the served models.",
-            registry=registry,
         )
 
     def set_limit(self, *, limit: int) -> None:
@@ -408,32 +380,29 @@ class RequestMetrics:
     """Predictions and gRPC calls: by model, engine, status and protocol."""
 
     def __init__(self, r: CollectorRegistry) -> None:
+        counter, histogram = (partial(kind, registry=r) for kind in (Counter, Histogram))
         self._request_children: dict[tuple[str, str, int, str], tuple[Counter, Histogram]] = {}
-        self.requests = Counter(
+        self.requests = counter(
             "jitserve_requests_total",
             "Prediction requests by model, serving engine, HTTP status (a gRPC call counts the status the same "
             "error has over REST) and protocol (rest, grpc).",
             ["model", "engine", "code", "protocol"],
-            registry=r,
         )
-        self.grpc_calls = Counter(
+        self.grpc_calls = counter(
             "jitserve_grpc_calls_total",
             "gRPC calls by method (ModelInfer, ServerReady, ...) and status code (OK, INVALID_ARGUMENT, ...).",
             ["method", "code"],
-            registry=r,
         )
-        self.dynamic_requests = Counter(
+        self.dynamic_requests = counter(
             "jitserve_dynamic_requests_total",
             "Prediction requests to buckets of the dynamic tier (a symbolic kernel per size range), by engine.",
             ["model", "engine"],
-            registry=r,
         )
-        self.request_duration = Histogram(
+        self.request_duration = histogram(
             "jitserve_request_duration_seconds",
             "Prediction latency inside the server, by engine and protocol.",
             ["model", "engine", "protocol"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
 
     def record_request(

@@ -25,8 +25,8 @@ import numpy as np
 from compiler.arrays import compare_outputs
 
 from ..settings import Settings
-from .inference import idle_thread_priority
 from .metrics import Metrics
+from .priority import idle_thread_priority
 from .registry import ServedModel
 from .router import Router
 from .state import BucketState, ServedBucket
