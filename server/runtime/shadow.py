@@ -116,6 +116,9 @@ class ShadowChecks:
                 self.check(sample)
             except Exception:
                 log.exception("shadow check of %s failed", sample.served.name)
+            # Not held while the queue waits: a sample keeps its model (weights, sessions) alive, and a
+            # deleted model must give its memory back.
+            del sample
 
     def check(self, sample: Sample) -> bool | None:
         """Run the sample on ONNX Runtime and compare; demote the kernel if it differs. Returns whether it

@@ -4,6 +4,8 @@ the full queue, route choice and restore, replace and retire in flight."""
 from __future__ import annotations
 
 import concurrent.futures
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from compiler.errors import (
     UnsupportedOperatorError,
 )
 from server.runtime.state import BucketState
+from tests.integration.serverproc import metric_value
 from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, admit, make_service, wait_until
 
 DEMO = demo_model_bytes()
@@ -313,4 +316,21 @@ def test_an_upload_with_warm_buckets_never_takes_a_running_server_out_of_service
         assert service.predict("m", {"x": rows(1)}).engine == "tvm"
     finally:
         compiler.gate.set()
+        service.close()
+
+
+def test_a_deleted_model_is_freed_after_its_requests_were_shadow_checked(tmp_path, compiler):
+    """The shadow thread holds no sample between checks: a sample keeps its model's weights alive."""
+    service = make_service(tmp_path, compiler, FakeKernels(DEMO), routing="compiled", shadow_rate=1)
+    try:
+        service.register("m", DEMO, CONFIG)
+        service.predict("m", {"x": rows(1)})
+        wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
+        served = weakref.ref(service.get("m"))
+        assert service.predict("m", {"x": rows(1)}).engine == "tvm"
+        wait_until(lambda: metric_value(service.metrics.exposition().decode(), "jitserve_shadow_checks_total") >= 1)
+        service.delete("m")
+        gc.collect()
+        assert served() is None
+    finally:
         service.close()
