@@ -50,6 +50,7 @@ def test_schemathesis_finds_no_failure(server, tmp_path):
     assert cases, report[-5000:]
     generated, passed = map(int, cases.groups())
     assert generated == passed >= MIN_CASES, report[-5000:]
+    print(f"schemathesis: {generated} cases generated, {passed} passed")  # shown with -s, for the notes
     # alive, and no request ever reached the handler of server bugs
     assert server.process.poll() is None
     assert "unhandled error" not in server.log()
