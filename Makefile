@@ -1,11 +1,12 @@
 # Two entry points: `make run` and `make test`. Both install into .venv first.
-# `make bench` reproduces the bench table (minutes; an hour with TUNE_TRIALS=400).
+# `make bench` reproduces the bench table, the zoo's convnets included (`make zoo` exports them once;
+# an hour and more, several with TUNE_TRIALS=400).
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP_CACHE_DIR ?= $(CURDIR)/.cache/pip
 export PIP_CACHE_DIR
 
-.PHONY: install run test lint bench proto
+.PHONY: install run test lint bench zoo proto
 
 TUNE_TRIALS ?= 0
 
@@ -35,7 +36,18 @@ test: lint $(KSERVE_VENV)/.installed
 run: install
 	$(PY) -m server
 
-bench: install
+# The model zoo (loadtest/zoo.py): torchvision's convnets with random weights, exported once into
+# .cache/zoo by an environment of their own (torch is several GB; nothing else imports it).
+ZOO_VENV := .cache/zoo-venv
+$(ZOO_VENV)/.installed:
+	python3 -m venv $(ZOO_VENV)
+	$(ZOO_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 onnx==1.23.2
+	touch $@
+
+zoo: $(ZOO_VENV)/.installed
+	$(ZOO_VENV)/bin/python -W ignore::DeprecationWarning loadtest/zoo.py
+
+bench: install zoo
 	$(PY) loadtest/bench_table.py --tune-trials $(TUNE_TRIALS)
 
 # The gRPC front door's descriptor set, checked in beside its .proto (tests/server/test_grpc_api.py

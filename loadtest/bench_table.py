@@ -2,9 +2,10 @@
 
     .venv/bin/python loadtest/bench_table.py [--tune-trials N] [--repeats R] [--out DIR]
 
-Fetches the PP-OCR models (as the tests do), writes the BERT-style encoders of
-``tests/synthetic.py`` (2 layers of hidden 256, and BERT-base's 12 layers of
-hidden 768), runs ``python -m compiler bench`` once per model and repeat (each
+Fetches the PP-OCR models and the YOLOv8n detector (as the tests do), writes
+the BERT-style encoders of ``tests/synthetic.py`` (2 layers of hidden 256, and
+BERT-base's 12 layers of hidden 768), takes the zoo's convnets that
+``loadtest/zoo.py`` exported (``make zoo``), runs ``python -m compiler bench`` once per model and repeat (each
 in a fresh process, sharing one data dir: later repeats reuse the kernels), and
 prints a Markdown table of the per-bucket medians over the repeats, with each
 engine's GFLOP/s (the contractions' FLOPs, :mod:`compiler.flops`) and, as the
@@ -36,7 +37,8 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 from compiler.flops import model_flops  # noqa: E402
-from tests.realmodels import CACHE, CLS, DET, REC, rapidocr_model  # noqa: E402
+from loadtest.zoo import ARCHITECTURES, zoo_path  # noqa: E402
+from tests.realmodels import CACHE, CLS, DET, DETECTOR, REC, real_model  # noqa: E402
 from tests.synthetic import bert_encoder_model  # noqa: E402
 
 # Synthetic encoders: file name -> bert_encoder_model's arguments.
@@ -50,12 +52,19 @@ MODELS = {
     "PP-OCRv4 det": (DET, ["x=1,3,640,640", "x=8,3,640,640"]),
     "BERT encoder": ("bert_encoder_l2_h256_s128.onnx", ["x=1,128,256", "x=8,128,256"]),
     "BERT-base encoder": ("bert_encoder_l12_h768_s128.onnx", ["x=1,128,768", "x=8,128,768"]),
+    "YOLOv8n (nudenet 320n)": (DETECTOR, ["images=1,3,320,320", "images=8,3,320,320"]),
+    **{f"zoo: {name}": (f"zoo:{name}", ["x=1,3,224,224", "x=8,3,224,224"]) for name in sorted(ARCHITECTURES)},
 }
 
 
 def model_path(file: str) -> Path:
+    if file.startswith("zoo:"):
+        path = zoo_path(file.removeprefix("zoo:"))
+        if not path.is_file():
+            raise SystemExit(f"{path} is missing: `make zoo` exports the zoo's models")
+        return path
     if file not in ENCODERS:
-        return rapidocr_model(file)
+        return real_model(file)
     path = CACHE / file
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,8 +157,12 @@ def bench(path: Path, shapes: list[str], args, plot: Path) -> list[dict]:
     env = dict(os.environ, JITSERVE_DATA_DIR=str(args.out / "data"))
     done = subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"bench failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise BenchFailed(" ".join(done.stderr.strip().splitlines()[-1:]) or f"exit status {done.returncode}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+class BenchFailed(Exception):
+    """``python -m compiler bench`` failed on a model: its row says why, and the table goes on."""
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -188,7 +201,12 @@ def main() -> int:
             flops = bucket_flops(path, shapes)
             runs: list[dict] = []
             for _ in range(args.repeats):
-                rows = bench(path, shapes, args, args.out / f"{path.stem}.png")
+                try:
+                    rows = bench(path, shapes, args, args.out / f"{path.stem}.png")
+                except BenchFailed as exc:
+                    table.append(f"| {title} | | bench failed: {exc} |")
+                    print(table[-1], file=sys.stderr, flush=True)
+                    break
                 for row in rows:
                     raw.write(json.dumps({"model": title, **row}) + "\n")
                 runs += rows
