@@ -57,6 +57,7 @@ def bench_bucket(
             tuning = manifest.tuning or {}
             facts |= {"tune_seconds": round(tuning.get("tune_seconds", 0.0), 1), "tune_trials": tuning.get("trials")}
         facts[f"{tier}_verified"] = manifest.verified
+        facts[f"{tier}_unscheduled"] = manifest.unscheduled
     dtypes = {s.name: s.dtype for s in signature.inputs}
     inputs = random_inputs(bucket, dtypes, options.seed + 1, model.index_bounds.limits)
     latency = median_latencies_ms(engines, inputs, runs=runs, block=runs)

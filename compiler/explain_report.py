@@ -96,6 +96,7 @@ def _kernel_rows(report: dict, profile: dict | None, links: Links) -> list[list[
                 _ms(tvm_ms),
                 rate,
                 _e(row.get("calls", "")),
+                _schedule_cell(kernel),
                 _ms(row.get("ort_ms")),
                 "" if ratio is None else f"<span class='{'slow' if ratio > 1 else 'fast'}'>{ratio:.2f}</span>",
                 f"<a href='{_e(links('kernel_ir', kernel['name']))}'>TIR</a>",
@@ -104,10 +105,19 @@ def _kernel_rows(report: dict, profile: dict | None, links: Links) -> list[list[
     return rows
 
 
+def _schedule_cell(kernel: dict) -> str:
+    if "schedule" not in kernel:
+        return ""  # a bundle written before schedules were recorded
+    if kernel["schedule"] is None:
+        return "<span class='slow'>none: naive loops</span>"
+    return _e(kernel["schedule"])
+
+
 def _summary(report: dict, profile: dict | None) -> str:
     coverage, graph = report["compute_coverage"], report["graph"]
     items = [
         ("kernels", len(report["kernels"])),
+        ("kernels no rule scheduled", len(report.get("unscheduled", []))),
         ("compute nodes in a kernel", f"{coverage['in_a_kernel']} of {coverage['compute_nodes']}"),
         ("ONNX nodes", f"{graph['nodes']} ({graph['after_specialization']['nodes']} after specialization)"),
     ]
@@ -163,8 +173,9 @@ def render_html(report: dict, profile: dict | None, *, links: Links, extra: dict
     parts.append(
         "<section aria-labelledby='kernels'><h2 id='kernels'>Kernels</h2>"
         "<p>Each fused kernel, the ONNX nodes it computes, its work (MFLOP: its contractions' multiply-adds x2; "
-        "MB: its parameters, read or written at least once), its time per run and ONNX Runtime's time on the "
-        "same nodes (click a column to sort).</p>"
+        "MB: its parameters, read or written at least once), its time per run, what scheduled it (a default "
+        "rule, a tuning record, or none: naive loops) and ONNX Runtime's time on the same nodes (click a "
+        "column to sort).</p>"
         + _table(
             [
                 "kernel",
@@ -175,6 +186,7 @@ def render_html(report: dict, profile: dict | None, *, links: Links, extra: dict
                 "TVM ms",
                 "GFLOP/s",
                 "calls",
+                "scheduled by",
                 "ONNX Runtime ms",
                 "TVM / ORT",
                 "code",

@@ -76,6 +76,16 @@ class Manifest(BaseModel):
     tuning: dict | None = None
     schedule_digest: str | None = None
     """sha256 of the kernel's scheduled TIR: the same for every compile that applied the same schedules."""
+    schedules: dict[str, str | None] | None = None
+    """What scheduled each kernel (TIR function) of the library: a default rule's name (``Contraction``,
+    ``RowReduction``, ``Injective``), ``tuning record``, or None where nothing did and it runs as naive
+    loops; None for a manifest written before this was recorded."""
+
+    @property
+    def unscheduled(self) -> list[str]:
+        """The kernels no rule and no tuning record scheduled."""
+        return [name for name, rule in (self.schedules or {}).items() if rule is None]
+
     explain_coverage: dict | None = None
     """The explain bundle's count of the graph's compute nodes (Conv, MatMul, ...) and of those traced to a
     kernel; None without a bundle."""

@@ -96,7 +96,7 @@ def compile_relax(
     target_dict: dict,
     database=None,
     stage_seconds: dict[str, float] | None = None,
-    observed: dict[str, str] | None = None,
+    observed: dict | None = None,
     *,
     symbolic_bounds: dict[str, tuple[int, int]] | None = None,
     snapshot=None,
@@ -174,7 +174,7 @@ def build_and_verify(job: BuildJob) -> dict:
         )
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}
-    observed: dict[str, str] = {}
+    observed: dict = {}
     bounds = {  # the range of each symbolic var: of a dim's size, or of its count of steps
         name: (min(sizes) // dim_step(name), max(sizes) // dim_step(name))
         for name, sizes in (job.verify_sizes or {}).items()
@@ -186,6 +186,7 @@ def build_and_verify(job: BuildJob) -> dict:
         mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder
     )
     facts["schedule_digest"] = observed.get("schedule_digest")
+    facts["schedules"] = observed.get("schedules")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")
@@ -201,6 +202,7 @@ def build_and_verify(job: BuildJob) -> dict:
             bucket=job.bucket,
             verify_sizes=job.verify_sizes,
             code=job.explain_code,
+            schedules=facts["schedules"],
             stamp={
                 "compiler_version": COMPILER_VERSION,
                 "tvm": tvm.__version__,

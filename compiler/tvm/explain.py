@@ -156,10 +156,22 @@ def _write_capped(path, text: str) -> dict:
 
 
 def write_bundle(
-    directory, *, source, specialized, importer, stages, executable, bucket, verify_sizes, code=False, stamp=None
+    directory,
+    *,
+    source,
+    specialized,
+    importer,
+    stages,
+    executable,
+    bucket,
+    verify_sizes,
+    code=False,
+    stamp=None,
+    schedules=None,
 ):
     """Write the explain bundle of one compiled bucket into ``directory`` (no weights: IR prints no
-    constants' values, and the graph summaries are op counts)."""
+    constants' values, and the graph summaries are op counts). ``schedules``: what scheduled each
+    kernel (the pipeline's record; None where no rule did)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     ir = {name: _write_capped(root / "ir" / f"{name}.txt", text) for name, text in stages.texts.items()}
@@ -194,10 +206,12 @@ def write_bundle(
                 # A contraction's FLOPs go to the contraction kernels among those holding its node.
                 "flops": sum(flops.get(nodes[i]["name"], 0) for i in found) if op_class(name) == "contraction" else 0,
                 "bytes": stages.kernel_bytes.get(name),
+                "schedule": (schedules or {}).get(name),
             }
             for name, found in sorted(kernels.items())
         ],
         "not_in_a_kernel": [n for n in nodes if n["index"] not in mapped],
+        "unscheduled": sorted(name for name, rule in (schedules or {}).items() if rule is None),
         "compute_coverage": {"compute_nodes": len(compute), "in_a_kernel": sum(n["index"] in mapped for n in compute)},
         "ir": ir,
         "code": generated,

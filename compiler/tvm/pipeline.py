@@ -17,7 +17,7 @@ import hashlib
 import time
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
 from .legalize import custom_legalizations
@@ -51,12 +51,52 @@ def tuned_module_passes(target: tvm.target.Target) -> list:
     return [p for _, passes in tuned_module_stages(target) for p in passes]
 
 
-def default_schedule_pass(target: tvm.target.Target, symbolic_bounds: SymbolicBounds | None = None):
+TUNING_RECORD = "tuning record"
+"""What scheduled a kernel that MetaScheduleApplyDatabase scheduled from the tuning database."""
+
+
+def default_rules(target: tvm.target.Target, symbolic_bounds: SymbolicBounds | None = None) -> list:
     if target.kind.name == "cuda":
-        return dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
-        )
-    return dl.ApplyDefaultSchedule(*default_cpu_rules(symbolic_bounds))
+        return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return default_cpu_rules(symbolic_bounds)
+
+
+def default_schedule_pass(
+    target: tvm.target.Target,
+    symbolic_bounds: SymbolicBounds | None = None,
+    schedules: dict[str, str | None] | None = None,
+) -> tvm.transform.Pass:
+    """dlight's ApplyDefaultSchedule (the first rule that matches a kernel schedules it), recording in
+    ``schedules`` what scheduled each kernel: a rule's class name, ``TUNING_RECORD``, or None where no
+    rule matched (the kernel then runs as naive loops: every one is a finding)."""
+    rules = default_rules(target, symbolic_bounds)
+    record = schedules if schedules is not None else {}
+
+    def schedule(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc | None:
+        if func.attrs and func.attrs.get("tirx.is_scheduled"):
+            record[name] = TUNING_RECORD
+            return None
+        target_here = func.attrs.get("target") if func.attrs else None
+        for rule in rules:
+            space = rule.apply(func, target_here or tvm.target.Target.current(allow_none=False), False)
+            if space is not None:
+                record[name] = type(rule).__name__
+                chosen = space[0] if isinstance(space, list) else space
+                return chosen.mod["main"].with_attr("tirx.is_scheduled", True)
+        record[name] = None
+        return None
+
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_default_schedule")
+    def apply(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        updated = {}
+        for g_var, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and (scheduled := schedule(func, g_var.name_hint)) is not None:
+                updated[g_var] = scheduled
+        for g_var, func in updated.items():
+            mod[g_var] = func
+        return mod
+
+    return apply
 
 
 def schedule_digest(mod: tvm.ir.IRModule) -> str:
@@ -72,18 +112,20 @@ def build_pipeline(
     target: tvm.target.Target,
     database=None,
     stage_seconds: dict[str, float] | None = None,
-    observed: dict[str, str] | None = None,
+    observed: dict | None = None,
     symbolic_bounds: SymbolicBounds | None = None,
     *,
     snapshot=None,
 ) -> tvm.transform.Pass:
     """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time and
-    ``observed`` the ``schedule_digest`` of the scheduled module. ``symbolic_bounds``: the range of
+    ``observed`` the ``schedule_digest`` of the scheduled module and, as ``schedules``, what scheduled
+    each kernel (see :func:`default_schedule_pass`). ``symbolic_bounds``: the range of
     each symbolic dim (the dynamic tier), which the CPU schedules plan their tiles and threads with.
     ``snapshot(stage, mod)`` (when given) is called after each stage, and after ``FuseOps`` alone
     (``fuse_ops``): what an explain bundle shows and traces the kernels through. The module is
     only borrowed: later stages may change it in place."""
     backend = _backend(target)
+    schedules: dict[str, str | None] = {}
 
     def stages() -> list[tuple[str, list]]:
         # Built under the target: MetaScheduleApplyDatabase reads Target.current() when constructed.
@@ -91,7 +133,7 @@ def build_pipeline(
         return [
             *tuned_module_stages(target, symbolic_bounds),
             ("apply_tuning_records", tuned),
-            ("schedule", [default_schedule_pass(target, symbolic_bounds)]),
+            ("schedule", [default_schedule_pass(target, symbolic_bounds, schedules)]),
             ("lower", backend.dataflow_lower_passes(target) + backend.finalize_passes(target)),
         ]
 
@@ -110,6 +152,7 @@ def build_pipeline(
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
             if name == "schedule" and observed is not None:
                 observed["schedule_digest"] = schedule_digest(mod)
+                observed["schedules"] = dict(sorted(schedules.items()))
         return mod
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_pipeline")

@@ -87,10 +87,19 @@ class BucketBuilder:
                         outcome.took_over_from, outcome.waited_seconds)  # fmt: skip
         if not outcome.cached:
             verdict = "ok" if manifest.verified else "verify_failed"
+            unscheduled = manifest.unscheduled
             self.metrics.record_compile(
-                model=name, target=kind, tier=tier, outcome=verdict, seconds=manifest.compile_seconds
+                model=name,
+                target=kind,
+                tier=tier,
+                outcome=verdict,
+                seconds=manifest.compile_seconds,
+                unscheduled=len(unscheduled),
             )
             self.metrics.record_compile_stages(model=name, stages=manifest.compile_stages or {})
+            if unscheduled:
+                log.warning("%s %s %s: no schedule rule took %d kernels (naive loops): %s", tier, name,
+                            bucket.label, len(unscheduled), ", ".join(unscheduled[:8]))  # fmt: skip
             log.info("built %s %s %s in %.1fs (%s)", tier, name, bucket.label, manifest.compile_seconds, verdict)
         failure = None if manifest.verified is True else f"verification against onnxruntime: {manifest.verification}"
         return TierBuild(outcome, failure, time.perf_counter() - started)

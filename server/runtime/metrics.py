@@ -47,6 +47,11 @@ class Metrics:
             "Kernel compiles by tier (tvm, tvm-tuned) and outcome (ok, verify_failed, error).",
             ["model", "target", "tier", "outcome"],
         )
+        self.unscheduled = counter(
+            "jitserve_unscheduled_kernels_total",
+            "Kernels of new compiles that no schedule rule and no tuning record scheduled (naive loops).",
+            ["model", "tier"],
+        )
         self.recompiles = counter(
             "jitserve_recompiles_total",
             "Compiles of a bucket that had been compiled before, by reason.",
@@ -155,8 +160,11 @@ class Metrics:
             buckets=QUEUE_DELAY_BUCKETS,
         )
 
-    def record_compile(self, *, model: str, target: str, tier: str, outcome: str, seconds: float | None) -> None:
+    def record_compile(
+        self, *, model: str, target: str, tier: str, outcome: str, seconds: float | None, unscheduled: int = 0
+    ) -> None:
         self.compiles.labels(model, target, tier, outcome).inc()
+        self.unscheduled.labels(model, tier).inc(unscheduled)
         if seconds is not None:
             self.compile_duration.labels(model, target).observe(seconds)
 

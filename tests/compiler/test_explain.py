@@ -53,6 +53,10 @@ def test_every_kernel_is_traced_to_the_nodes_it_computes(tmp_path, model, bucket
     ops = {op for k in report["kernels"] for op in k["ops"]}
     assert ops >= {n["op"] for n in report["nodes"] if n not in report["not_in_a_kernel"]}
     assert report["code"] == {}  # the generated code only on request: it is a second codegen
+    # Every kernel says what scheduled it, and here a default rule did each one.
+    assert report["unscheduled"] == [] and outcome.manifest.unscheduled == []
+    assert {k["name"]: k["schedule"] for k in report["kernels"]}.items() <= outcome.manifest.schedules.items()
+    assert {k["schedule"] for k in report["kernels"]} <= {"Contraction", "RowReduction", "Injective"}
 
 
 def test_a_fused_kernel_names_each_node_it_fused(tmp_path):

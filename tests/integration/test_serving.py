@@ -106,6 +106,8 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
             assert metric_value(text, "jitserve_compiles_total", model="cls", outcome="ok") == 3
             assert metric_value(text, "jitserve_compile_duration_seconds_count", model="cls") == 3
             assert metric_value(text, "jitserve_recompiles_total", model="cls") == 0
+            assert metric_value(text, "jitserve_unscheduled_kernels_total", model="cls") == 0  # a rule took each
+            assert "jitserve_unscheduled_kernels_total" in text
             assert metric_value(text, "jitserve_requests_total", model="cls", engine="tvm", code="200") == 4
             assert metric_value(text, "jitserve_requests_total", model="cls", engine="onnxruntime", code="200") == 2
             # Padding waste: batch 3 in bucket 4 wastes 1/4, batch 5 in bucket 8 wastes 3/8.

@@ -23,7 +23,7 @@ from tvm.s_tir import dlight as dl  # noqa: E402
 
 from compiler.tvm import schedules as cpu_schedules  # noqa: E402
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
-from compiler.tvm.pipeline import tuned_module_stages  # noqa: E402
+from compiler.tvm.pipeline import TUNING_RECORD, default_schedule_pass, tuned_module_stages  # noqa: E402
 
 TARGET = resolve_target("llvm")
 RNG = np.random.default_rng(7)
@@ -223,14 +223,36 @@ def test_large_matmul_runs_in_parallel():
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
 
 
-def test_default_schedule_pass_marks_every_kernel_scheduled():
-    kernels = _fused_kernels(_conv_bn_relu_model(), {"x": (1, 8, 12, 32)})
+def test_default_schedule_pass_marks_every_kernel_scheduled_and_records_by_what():
+    kernels = _fused_kernels(synthetic.fpn_model(), {"x": (1, 4, 32, 48)})
+    tuned = next(iter(kernels))  # as MetaScheduleApplyDatabase leaves a kernel it found a record for
+    kernels[tuned] = kernels[tuned].with_attr("tirx.is_scheduled", True)
     mod = tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in kernels.items()})
     target = tvm.target.Target(TARGET)
+    schedules: dict = {}
     with target:
-        scheduled = dl.ApplyDefaultSchedule(*cpu_schedules.default_cpu_rules())(mod)
+        scheduled = default_schedule_pass(target, schedules=schedules)(mod)
+        by_dlight = dl.ApplyDefaultSchedule(*cpu_schedules.default_cpu_rules())(mod)
     for gv, func in scheduled.functions_items():
         assert func.attrs and func.attrs.get("tirx.is_scheduled"), gv.name_hint
+        tvm.ir.assert_structural_equal(func, by_dlight[gv.name_hint])  # dlight's pass, with a record
+    assert schedules[tuned] == TUNING_RECORD
+    assert set(schedules) == set(kernels) and None not in schedules.values()
+    assert "Contraction" in schedules.values()
+
+
+def test_a_kernel_no_rule_takes_is_recorded_as_unscheduled():
+    kernels = _fused_kernels(_softmax_model(), {"x": (2, 8, 64)})
+    mod = tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in kernels.items()})
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    schedules: dict = {}
+    with tvm.target.Target(TARGET):  # the kernels carry no target: the CPU rules decline CUDA's, below
+        passed = default_schedule_pass(tvm.target.Target(TARGET), schedules=schedules)
+    rules_for_cuda_kernels = {name: func.with_attr("target", cuda) for name, func in kernels.items()}
+    mod = tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in rules_for_cuda_kernels.items()})
+    with tvm.target.Target(TARGET):
+        passed(mod)
+    assert schedules and all(rule is None for rule in schedules.values()), schedules
 
 
 def test_rules_decline_a_non_llvm_target_and_never_raise():
