@@ -205,15 +205,18 @@ class Contraction(SafeRule):
             sch.compute_at(panel, fused, preserve_unit_loops=True)
             _vectorize_tile(sch, panel, fused)
         for name in producers:
-            block = sch.get_sblock(name)
             if per_channel:
-                sch.compute_at(block, fused, preserve_unit_loops=True)
-                sch.set_scope(block, 0, "local")
-                fill = sch.decompose_padding(block, sch.get_loops(block)[loop_depth(sch, fused)])
-                _vectorize_tile(sch, fill, fused, lanes)
-                _vectorize_tile(sch, block, fused, lanes)
+                # On a copy: decompose_padding refuses a pad read with a stride (a strided 1x1 conv, as in
+                # ResNet's downsample shortcut), and the pad is then computed once up front instead.
+                trial = sch.copy()
+                try:
+                    _pad_per_channel(trial, trial.get_sblock(name), fused, lanes)
+                except s_tir.schedule.ScheduleError:
+                    _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
+                else:
+                    sch = trial
             else:
-                _schedule_pad_stage(sch, block, lanes)
+                _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
         return sch
 
 
@@ -386,6 +389,15 @@ def _split_tile(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> tuple[LoopRV,
 def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:
     names = block_names(sch)
     return len(names) - names.index(main_name) - 1
+
+
+def _pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: int) -> None:
+    """The pad computed inside the parallel loop, for the channels each iteration reads."""
+    sch.compute_at(block, fused, preserve_unit_loops=True)
+    sch.set_scope(block, 0, "local")
+    fill = sch.decompose_padding(block, sch.get_loops(block)[loop_depth(sch, fused)])
+    _vectorize_tile(sch, fill, fused, lanes)
+    _vectorize_tile(sch, block, fused, lanes)
 
 
 def _schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
