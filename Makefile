@@ -1,6 +1,6 @@
 # Two entry points: `make run` and `make test`. Both install into .venv first.
-# `make bench` reproduces the bench table, the zoo's convnets included (`make zoo` exports them once;
-# an hour and more, several with TUNE_TRIALS=400).
+# `make bench` reproduces the bench table, the zoo's convnets included (`make zoo` exports them once
+# into .cache/zoo); TUNE_TRIALS=400 adds a tuned column (hours).
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP_CACHE_DIR ?= $(CURDIR)/.cache/pip
