@@ -242,16 +242,13 @@ def test_default_schedule_pass_marks_every_kernel_scheduled_and_records_by_what(
 
 
 def test_a_kernel_no_rule_takes_is_recorded_as_unscheduled():
-    kernels = _fused_kernels(_softmax_model(), {"x": (2, 8, 64)})
-    mod = tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in kernels.items()})
+    # Kernels that carry a CUDA target: the CPU rules decline every one of them.
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    kernels = _fused_kernels(_softmax_model(), {"x": (2, 8, 64)})
+    mod = tvm.IRModule({tvm.ir.GlobalVar(name): f.with_attr("target", cuda) for name, f in kernels.items()})
     schedules: dict = {}
-    with tvm.target.Target(TARGET):  # the kernels carry no target: the CPU rules decline CUDA's, below
-        passed = default_schedule_pass(tvm.target.Target(TARGET), schedules=schedules)
-    rules_for_cuda_kernels = {name: func.with_attr("target", cuda) for name, func in kernels.items()}
-    mod = tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in rules_for_cuda_kernels.items()})
-    with tvm.target.Target(TARGET):
-        passed(mod)
+    with tvm.target.Target(TARGET) as target:
+        default_schedule_pass(target, schedules=schedules)(mod)
     assert schedules and all(rule is None for rule in schedules.values()), schedules
 
 
