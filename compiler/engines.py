@@ -81,9 +81,38 @@ def device_weights(arrays: list[np.ndarray], device: str = "llvm") -> list:
     return [tvm.runtime.from_dlpack(array) for array in arrays]
 
 
+TRANSFORM_PARAMS = "main_transform_params"
+"""A kernel's lifted weight transform (see compiler/tvm/layout.py): run once, its results are the weights
+``main`` takes."""
+
+
+class TransformedWeights:
+    """What kernels' lifted transforms computed from one model version's weights, once per distinct transform
+    (the manifest's ``weight_transform`` digest): every bucket whose transform is the same shares one copy."""
+
+    def __init__(self) -> None:
+        self._by_digest: dict[str, list] = {}
+        self._lock = threading.Lock()
+        self.nbytes = 0
+
+    def get(self, digest: str, compute) -> list:
+        with self._lock:  # held while computing: a second bucket waits for the first one's result
+            found = self._by_digest.get(digest)
+            if found is None:
+                found = self._by_digest[digest] = compute()
+                self.nbytes += sum(tensor_bytes(tensor) for tensor in found)
+            return found
+
+
+def tensor_bytes(tensor) -> int:
+    return int(np.prod(tensor.shape, dtype=np.int64)) * np.dtype(str(tensor.dtype)).itemsize
+
+
 class TvmEngine:
     """A compiled Relax executable loaded from the artifact store, run with its model version's weights
-    (TVM tensors or arrays, in the kernel's parameter order) after the inputs."""
+    (TVM tensors or arrays, in the kernel's parameter order) after the inputs. A kernel with a lifted
+    weight transform runs it here, once; ``transformed`` (with the manifest's ``weight_transform`` digest)
+    shares its result with the version's other kernels."""
 
     name = "tvm"
 
@@ -95,6 +124,8 @@ class TvmEngine:
         *,
         device: str = "llvm",
         weights: list | None = None,
+        transformed: TransformedWeights | None = None,
+        weight_transform: str | None = None,
     ) -> None:
         # Imported here: processes that never run a kernel need not load TVM.
         import tvm
@@ -105,10 +136,18 @@ class TvmEngine:
         weights = weights or []
         if weights and isinstance(weights[0], np.ndarray):
             weights = device_weights(weights, device)
-        self._weights = weights
         self._module = tvm.runtime.load_module(str(library))
         self._vm = relax.VirtualMachine(self._module, self._device)
         self._main = self._vm["main"]
+        if self._vm.module.implements_function(TRANSFORM_PARAMS):
+            transform = self._vm[TRANSFORM_PARAMS]
+
+            def compute() -> list:
+                return list(transform(weights))
+
+            shared = transformed is not None and weight_transform is not None
+            weights = transformed.get(weight_transform, compute) if shared else compute()
+        self._weights = weights
         self.input_names = input_names
         self.output_names = output_names
         # The VM keeps per-call register state: one call at a time.

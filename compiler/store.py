@@ -81,6 +81,11 @@ class Manifest(BaseModel):
     ``RowReduction``, ``Injective``), ``tuning record``, or None where nothing did and it runs as naive
     loops; None for a manifest written before this was recorded."""
 
+    weight_transform: str | None = None
+    """Digest of the kernel's lifted weight transform (blocked conv weights, anything computed from the
+    weights alone), which the engine runs once at load; kernels of a model version with the same digest
+    share its result. None where the kernel takes the prepared weights as they are."""
+
     @property
     def unscheduled(self) -> list[str]:
         """The kernels no rule and no tuning record scheduled."""

@@ -6,8 +6,9 @@
 The speed of a network is its architecture's, not its weights': each model is torchvision's with
 seeded random weights (no download), exported once by torch's TorchScript exporter (opset 17, the
 form most models users bring were exported in) with a symbolic batch axis, and written atomically to
-``.cache/zoo/<name>.onnx``. BatchNorm statistics are randomized too, so that folding them into the
-convolutions makes ordinary, not degenerate, weights. torch lives in an environment of its own
+``.cache/zoo/v<ZOO_VERSION>/<name>.onnx``. BatchNorm's scales are random and its statistics measured on random
+images (``calibrate``), so that folding them into the convolutions makes ordinary weights and
+activations stay near unit scale, as in a trained network. torch lives in an environment of its own
 (``.cache/zoo-venv``, several GB): neither the server nor its tests import it. The YOLOv8n detector of
 the zoo is the real one shipped in nudenet's wheel (``tests/realmodels.py``).
 """
@@ -20,7 +21,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ZOO = REPO / ".cache" / "zoo"
+# Bumped when the export changes the models (2: BatchNorm statistics calibrated): a cache of older exports
+# is left aside, not reused.
+ZOO_VERSION = 2
+ZOO = REPO / ".cache" / "zoo" / f"v{ZOO_VERSION}"
 
 # name -> (torchvision builder, keyword arguments, input shape at batch 1)
 ARCHITECTURES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
@@ -52,14 +56,8 @@ def export(name: str) -> Path:
     module = torchvision.models
     for part in builder.split("."):
         module = getattr(module, part)
-    model = module(weights=None, **kwargs).eval()
-    with torch.no_grad():
-        for layer in model.modules():
-            if isinstance(layer, torch.nn.BatchNorm2d):
-                layer.running_mean.uniform_(-0.1, 0.1)
-                layer.running_var.uniform_(0.5, 1.5)
-                layer.weight.uniform_(0.5, 1.5)
-                layer.bias.uniform_(-0.1, 0.1)
+    model = module(weights=None, **kwargs)
+    calibrate(torch, model, shape)
     if builder.startswith("segmentation."):
         model = _first_output(torch, model)
     path = zoo_path(name)
@@ -77,6 +75,24 @@ def export(name: str) -> Path:
     )
     partial.replace(path)
     return path
+
+
+def calibrate(torch, model, shape: tuple[int, ...]) -> None:
+    """BatchNorm scales and shifts at random, and its statistics measured on random images, as training
+    leaves them: activations stay near unit scale through the network, as in a trained one. With random
+    statistics ResNet-50's logits reached +-370, where fp32's summation order alone moves a logit near
+    zero past any sound relative tolerance."""
+    norms = [layer for layer in model.modules() if isinstance(layer, torch.nn.BatchNorm2d)]
+    with torch.no_grad():
+        for layer in norms:
+            layer.weight.uniform_(0.5, 1.5)
+            layer.bias.uniform_(-0.1, 0.1)
+            layer.reset_running_stats()
+            layer.momentum = None  # a cumulative average over the calibration batches
+        model.train()
+        for _ in range(4):
+            model(torch.randn(8, *shape[1:]))
+    model.eval()
 
 
 def _first_output(torch, model):

@@ -187,6 +187,7 @@ def build_and_verify(job: BuildJob) -> dict:
     )
     facts["schedule_digest"] = observed.get("schedule_digest")
     facts["schedules"] = observed.get("schedules")
+    facts["weight_transform"] = observed.get("weight_transform")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")
@@ -222,10 +223,10 @@ def build_and_verify(job: BuildJob) -> dict:
         return facts | {"verified": None, "verification": "skipped: no CUDA device here", "max_abs_error": None}
 
     device = job.target["kind"]
-    anonymous_before = anonymous_resident_bytes()
     kernel = TvmEngine(
         job.library_path, job.input_names, job.output_names, device=device, weights=[weights[n] for n in weight_names]
     )
+    anonymous_before = anonymous_resident_bytes()  # after the weight transform: the version's, not the kernel's
     # Every kernel run first, with ONNX Runtime not loaded yet: the anonymous memory the process grew by,
     # less the arrays still held, is what the loaded kernel keeps beyond its code and the (mapped) weights:
     # the VM's pooled workspace.

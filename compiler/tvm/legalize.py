@@ -227,7 +227,84 @@ def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(conv, call.args[0], call.args[1], primfunc_name_hint="conv2d")
 
 
+def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A conv with its output channel-blocked (layout.py): out[n, o, y, x, oi] is output channel o*b + oi.
+    The kernel is [o, ic/b, kh, kw, b(ic), b(oc)] where the input is blocked too, else [o, ic, kh, kw, b(oc)]
+    (the first layer's few input channels; a depthwise conv's one). The input-channel block loop sits
+    outside the window, its lanes inside: each window step reads b contiguous weight vectors."""
+    attrs = call.attrs
+    out_dtype = call.ty.dtype
+    stride_h, stride_w = (int(s) for s in attrs.strides)
+    dilation_h, dilation_w = (int(d) for d in attrs.dilation)
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    groups = int(attrs.groups)
+    blocked_input = len(call.args[0].ty.shape.values) == 5
+    depthwise = groups > 1 and len(call.args[1].ty.shape.values) != 6
+
+    def conv(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
+        batch, in_blocks, height, width = (_dim(d) for d in data.shape[:4])
+        out_blocks, group_blocks, kernel_h, kernel_w = (int(d) for d in weight.shape[:4])
+        block = int(weight.shape[-1])
+        out_height = (height + top + bottom - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
+        out_width = (width + left + right - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
+        padded = data
+        if top or left or bottom or right:
+            padded = te.compute(
+                (batch, in_blocks, height + top + bottom, width + left + right, *data.shape[4:]),
+                lambda n, c, y, x, *lane: tvm.tirx.if_then_else(
+                    tvm.tirx.all(y >= top, y < height + top, x >= left, x < width + left),
+                    data[(n, c, y - top, x - left, *lane)],
+                    tvm.tirx.const(0.0, data.dtype),
+                ),
+                name="pad_temp",
+            )
+        ry = te.reduce_axis((0, kernel_h), name="ry")
+        rx = te.reduce_axis((0, kernel_w), name="rx")
+
+        def window(y, x):
+            return y * stride_h + ry * dilation_h, x * stride_w + rx * dilation_w
+
+        if depthwise:  # channel block o reads input block o, lane for lane
+
+            def body(n, o, y, x, oi):
+                row, column = window(y, x)
+                return te.sum(
+                    padded[n, o, row, column, oi].astype(out_dtype) * weight[o, 0, ry, rx, oi].astype(out_dtype),
+                    axis=[ry, rx],
+                )
+
+        elif blocked_input:
+            rco = te.reduce_axis((0, group_blocks), name="rco")
+            rci = te.reduce_axis((0, int(weight.shape[4])), name="rci")
+            per_group = out_blocks // groups
+
+            def body(n, o, y, x, oi):
+                row, column = window(y, x)
+                first = o // per_group * group_blocks if groups > 1 else 0  # the group's first input block
+                return te.sum(
+                    padded[n, first + rco, row, column, rci].astype(out_dtype)
+                    * weight[o, rco, ry, rx, rci, oi].astype(out_dtype),
+                    axis=[rco, ry, rx, rci],
+                )
+
+        else:
+            rc = te.reduce_axis((0, group_blocks), name="rc")
+
+            def body(n, o, y, x, oi):
+                row, column = window(y, x)
+                return te.sum(
+                    padded[n, rc, row, column].astype(out_dtype) * weight[o, rc, ry, rx, oi].astype(out_dtype),
+                    axis=[rc, ry, rx],
+                )
+
+        return te.compute((batch, out_blocks, out_height, out_width, block), body, name="conv2d_nchwc")
+
+    return bb.call_te(conv, call.args[0], call.args[1], primfunc_name_hint="conv2d_nchwc")
+
+
 def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    if call.attrs.out_layout != "NCHW":
+        return _blocked_conv(bb, call)
     if not _flattened_pointwise(call):
         return _padded_width_conv(bb, call) if _pads_width(call) else _DEFAULT_CONV2D(bb, call)
     batch, in_channels, height, width = (_dim(d) for d in call.args[0].ty.shape.values)

@@ -1,6 +1,7 @@
 """The Relax pipeline jitserve compiles with, as named stages.
 
-    dispatch -> legalize -> fold constants -> fuse (FuseOps, FuseTIR, [vectorizable math, CPU])
+    dispatch -> layout (channel-blocked convs, CPU; weight transforms lifted) -> legalize -> fold constants
+    -> fuse (FuseOps, FuseTIR, [vectorizable math, CPU])
     -> [apply tuning records] -> schedule (default rules) -> lower (dataflow lowering, finalize)
 
 Each stage's wall time can be collected (the manifest's ``compile_stages``).
@@ -20,6 +21,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
+from .layout import TRANSFORM_PARAMS, channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
 
@@ -41,6 +43,7 @@ def tuned_module_stages(
     legalize = relax.transform.LegalizeOps(custom_legalizations(symbolic_bounds))
     return [
         ("dispatch", _backend(target).library_dispatch_passes(target)),
+        ("layout", channel_block_passes(target)),
         ("legalize", [legalize, relax.transform.AnnotateTIROpPattern()]),
         ("fold_constants", [relax.transform.FoldConstant()]),
         ("fuse", [relax.transform.FuseOps(), relax.transform.FuseTIR(), *math]),
@@ -108,6 +111,12 @@ def schedule_digest(mod: tvm.ir.IRModule) -> str:
     return hashlib.sha256("\n".join(text for _, text in functions).encode()).hexdigest()
 
 
+def weight_transform_digest(func: relax.Function) -> str:
+    """sha256 of the lifted weight transform: two kernels of a model version whose digests agree compute
+    the same weights from it, and share them."""
+    return hashlib.sha256(func.script().encode()).hexdigest()
+
+
 def build_pipeline(
     target: tvm.target.Target,
     database=None,
@@ -118,8 +127,9 @@ def build_pipeline(
     snapshot=None,
 ) -> tvm.transform.Pass:
     """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time and
-    ``observed`` the ``schedule_digest`` of the scheduled module and, as ``schedules``, what scheduled
-    each kernel (see :func:`default_schedule_pass`). ``symbolic_bounds``: the range of
+    ``observed`` the ``schedule_digest`` of the scheduled module, as ``schedules`` what scheduled
+    each kernel (see :func:`default_schedule_pass`), and as ``weight_transform`` the digest of the weights'
+    lifted transform, where there is one. ``symbolic_bounds``: the range of
     each symbolic dim (the dynamic tier), which the CPU schedules plan their tiles and threads with.
     ``snapshot(stage, mod)`` (when given) is called after each stage, and after ``FuseOps`` alone
     (``fuse_ops``): what an explain bundle shows and traces the kernels through. The module is
@@ -150,6 +160,9 @@ def build_pipeline(
                 snapshot(name, mod)
             if stage_seconds is not None:
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
+            lifted = any(g_var.name_hint == TRANSFORM_PARAMS for g_var in mod.get_global_vars())
+            if name == "layout" and observed is not None and lifted:
+                observed["weight_transform"] = weight_transform_digest(mod[TRANSFORM_PARAMS])
             if name == "schedule" and observed is not None:
                 observed["schedule_digest"] = schedule_digest(mod)
                 observed["schedules"] = dict(sorted(schedules.items()))
