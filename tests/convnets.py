@@ -93,7 +93,7 @@ def mobile_model(width: int = 16) -> bytes:
     x = n.op("Add", n.conv(n.squeeze_excite(depthwise, wide, width), wide, width, 1), x)
     expanded = n.silu(n.conv(x, width, wide, 1))
     depthwise = n.silu(n.conv(expanded, wide, wide, 5, stride=2, group=wide))
-    x = n.conv(n.squeeze_excite(depthwise, wide, width // 2), wide, 2 * width, 1)
+    x = n.conv(n.squeeze_excite(depthwise, wide, width), wide, 2 * width, 1)
     return n.model("mobile", n.classifier(x, 2 * width), ["N", 10])
 
 

@@ -7,11 +7,12 @@ a kernel built by a different pipeline is a different artifact.
 """
 
 # The named stages of pipeline.py, in order.
-PIPELINE = "fuse+tuning-records+default-schedules"
+PIPELINE = "layout+fuse+tuning-records+default-schedules"
 
 # Bump when jitserve's own build steps (prepare.py, pipeline.py, schedules/) change the code they generate
 # (6: weights are parameters, prepared once per model version; 8: upsampling conv2d_transpose as phase
 # GEMMs, small-map 1x1 convs as matmuls over the flattened map; 9: symbolic extents scheduled, padded-width
 # convs, stepped dynamic dims, symbolic maps flattened; 10: a conv whose padded input is read with a
-# stride gets its pad computed up front, where it was left to the row-reduction rule).
-COMPILER_VERSION = "10"
+# stride gets its pad computed up front, where it was left to the row-reduction rule; 11: convs channel-blocked
+# on the CPU, weight transforms lifted out of the kernel).
+COMPILER_VERSION = "11"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -32,7 +33,9 @@ class Importer(ONNXGraphImporter):
     def _convert_operator(self, op_name: str, inputs: list, attrs: dict, opset: int):
         if op_name == "Resize":
             inputs = _integral_scales(inputs)
-        result = super()._convert_operator(op_name, inputs, attrs, opset)
+        result = self._constant_clip(inputs, attrs, opset) if op_name == "Clip" else None
+        if result is None:
+            result = super()._convert_operator(op_name, inputs, attrs, opset)
         index = len(self.converted)
         self.converted.append((op_name, str(attrs.get("tvm_custom", {}).get("name", "")), *self._node_io))
         name = f"{_identifier(op_name)}{index}"
@@ -41,6 +44,31 @@ class Importer(ONNXGraphImporter):
         elif self._subgraphs == 0:
             result = self._bind(result, name, index)
         return result
+
+    def _constant_clip(self, inputs: list, attrs: dict, opset: int) -> relax.Expr | None:
+        """A float Clip with constant bounds (ReLU6, hardswish) as Relax's ``maximum`` / ``minimum``: the
+        frontend's TE kernels hide it from ConvertLayout, which then puts transforms around every one
+        in a channel-blocked model. ``None`` for any other Clip (the frontend's form)."""
+        x = inputs[0]
+        dtype = getattr(x.ty, "dtype", "")
+        if not str(dtype).startswith("float"):
+            return None
+        if opset < 11:
+            bounds = [attrs.get("min"), attrs.get("max")]
+        else:
+            given = list(inputs[1:3]) + [None] * (3 - len(inputs))
+            if any(b is not None and not isinstance(b, tvm.ir.GenericConst) for b in given[:2]):
+                return None
+            bounds = [None if b is None else b.value.numpy() for b in given[:2]]
+            if any(b is not None and b.size != 1 for b in bounds):
+                return None
+            bounds = [None if b is None else float(b.reshape(())) for b in bounds]
+        result = x
+        for bound, op in zip(bounds, (relax.op.maximum, relax.op.minimum), strict=True):
+            if bound is not None and math.isfinite(bound):  # NaN leaves that side unbounded (ONNX)
+                operand = self.bb.emit(result) if isinstance(result, relax.Call) else result
+                result = op(operand, relax.const(bound, dtype))
+        return result  # the last op unbound: _bind names it after the node
 
     def _parse_value_proto(self, value_proto):
         # An unnamed node is known by its first output, as :func:`compiler.profile.named_nodes` names it for

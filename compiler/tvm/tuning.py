@@ -22,10 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import tvm
+from tvm import relax
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..errors import CompileError
+from .layout import TRANSFORM_PARAMS
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
 
@@ -110,6 +112,15 @@ def merge_into_shared(directory: str, run_database) -> int:
     return added
 
 
+def without_weight_transform(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
+    """``mod`` less the lifted weight transform and its kernels: they run once per model version, and a
+    trial spent on them buys no request any time."""
+    if not any(g_var.name_hint == TRANSFORM_PARAMS for g_var in mod.get_global_vars()):
+        return mod
+    kept = tvm.IRModule({g_var: func for g_var, func in mod.functions_items() if g_var.name_hint != TRANSFORM_PARAMS})
+    return relax.transform.DeadCodeElimination(["main"])(kept)
+
+
 def tune(
     mod,
     target_dict: dict,
@@ -163,6 +174,7 @@ def _tune(
     target = tvm.target.Target(target_dict)
     with target:
         fused = tvm.transform.Sequential(tuned_module_passes(target))(mod)
+    fused = without_weight_transform(fused)
     tasks = ms.relax_integration.extract_tasks(fused, target)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir=work_dir)
     run_database = ms.database.JSONDatabase(work_dir=work_dir)

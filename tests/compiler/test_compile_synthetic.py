@@ -37,7 +37,7 @@ def test_the_manifest_times_every_stage(store):
     manifest = outcome.manifest
     stages = manifest.compile_stages
     assert list(stages) == [
-        "load", "simplify", "import", "dispatch", "legalize", "fold_constants", "fuse",
+        "load", "simplify", "import", "dispatch", "layout", "legalize", "fold_constants", "fuse",
         "apply_tuning_records", "schedule", "lower", "codegen", "export", "explain", "verify",
     ]  # fmt: skip
     assert all(seconds >= 0 for seconds in stages.values())

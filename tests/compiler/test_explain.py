@@ -19,7 +19,7 @@ from compiler.target import resolve_target
 from tests import synthetic
 
 TARGET = resolve_target("llvm")
-STAGES = {"import", "dispatch", "legalize", "fold_constants", "fuse_ops", "fuse", "schedule", "lower"}
+STAGES = {"import", "dispatch", "layout", "legalize", "fold_constants", "fuse_ops", "fuse", "schedule", "lower"}
 
 
 def _bundle(outcome) -> tuple[Path, dict]:
