@@ -108,11 +108,12 @@ def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
         return None
     if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
         return None
-    out_width = _static(getattr(call.ty, "shape", None))
-    if out_width is not None and (whole_vector_tile(out_width[3], block) or 0) >= 2 * block:
-        return None  # NCHW fills two whole vectors a row already, with no transforms around it
     groups = int(attrs.groups)
     in_channels, out_channels, group_in = data[1], weight[0], weight[1]
+    out_shape = _static(getattr(call.ty, "shape", None))
+    wide_rows = out_shape is not None and (whole_vector_tile(out_shape[3], block) or 0) >= 2 * block
+    if wide_rows and in_channels >= block:
+        return None  # NCHW fills two whole vectors a row already, with no transforms around it
     group_out = out_channels // groups
     blocked = [f"NCHW{block}c", f"OIHW{block}i{block}o", f"NCHW{block}c"]
     if out_channels % block:

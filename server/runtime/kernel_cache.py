@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from compiler.engines import Engine, TvmEngine, device_weights
+from compiler.engines import Engine, TransformedWeights, TvmEngine, device_weights
 from compiler.errors import CompileError
 from compiler.signature import Signature
 from compiler.store import ArtifactStore, Manifest
@@ -107,8 +107,15 @@ def kernel_memory(manifest: Manifest) -> int:
 
 
 def open_tvm_engine(library: Path, signature: Signature, target: dict, weights: list) -> Engine:
+    loaded = getattr(weights, "loaded", None)
     return TvmEngine(
-        library, signature.input_names, signature.output_names, device=target_kind(target), weights=weights
+        library,
+        signature.input_names,
+        signature.output_names,
+        device=target_kind(target),
+        weights=list(weights),
+        transformed=loaded.transformed if loaded is not None else None,
+        weight_transform=getattr(weights, "transform", None),
     )
 
 
@@ -117,15 +124,20 @@ class LoadedWeights:
 
     def __init__(self, directory: Path, device: str) -> None:
         arrays = load_weights(directory)
-        self.nbytes = sum(array.nbytes for array in arrays.values())
+        self.mapped_bytes = sum(array.nbytes for array in arrays.values())
         self.tensors = dict(zip(arrays, device_weights(list(arrays.values()), device), strict=True))
+        self.transformed = TransformedWeights()  # blocked conv weights and the like, once per distinct transform
+
+    @property
+    def nbytes(self) -> int:
+        return self.mapped_bytes + self.transformed.nbytes
 
     def for_kernel(self, manifest: Manifest) -> KernelWeights:
         """The weights a kernel takes, in its order; a kernel naming another set is refused."""
         missing = [name for name in manifest.weights if name not in self.tensors]
         if missing:
             raise CompileError(f"kernel {manifest.key[:16]} takes weights this model version lacks: {missing[:3]}")
-        return KernelWeights([self.tensors[name] for name in manifest.weights], self)
+        return KernelWeights([self.tensors[name] for name in manifest.weights], self, manifest.weight_transform)
 
 
 class KernelWeights(list):
@@ -134,9 +146,10 @@ class KernelWeights(list):
     Without it the pool lost them as soon as the first kernel was opened, and each bucket mapped and
     wrapped the weights again (measured: +1x the weights' bytes of RSS per bucket)."""
 
-    def __init__(self, tensors: list, loaded: LoadedWeights) -> None:
+    def __init__(self, tensors: list, loaded: LoadedWeights, transform: str | None = None) -> None:
         super().__init__(tensors)
         self.loaded = loaded
+        self.transform = transform  # the manifest's weight_transform digest
 
 
 class WeightPool:
