@@ -74,6 +74,14 @@ class StageRecorder:
         self.fused_functions: dict[str, list[_Binding]] = {}
         self.kernel_bytes: dict[str, int] = {}
         """Each kernel's parameters' bytes (what it reads and writes at least once), where static."""
+        self.aliases = {
+            b.var.name: b.value.name
+            for block in imported["main"].body.blocks
+            for b in block.bindings
+            if isinstance(b.value, relax.Var)
+        }
+        """``main``'s bindings of one var to another at import (``gv = conv5``): later passes fold them, and
+        the output then carries the alias's name alone."""
 
     def __call__(self, stage: str, mod: tvm.IRModule) -> None:
         self.texts[stage] = mod.script()
@@ -113,7 +121,8 @@ def kernel_nodes(stages: StageRecorder, bound: dict[str, int]) -> dict[str, list
     ``FuseOps`` keeps the bindings' order and one fused function serves every group of the same
     structure, so each call site claims, for each kernel its function calls, the earliest legalized
     binding of that kernel not claimed yet; a claimed binding's node is the call site's."""
-    owners = binding_nodes(stages.legalized, bound)
+    aliased = {alias: bound[name] for alias, name in stages.aliases.items() if name in bound and alias not in bound}
+    owners = binding_nodes(stages.legalized, {**bound, **aliased})
     legal = stages.legalized
     claimed = [False] * len(legal)
     found: dict[str, set[int]] = defaultdict(set)

@@ -127,15 +127,28 @@ def _conv_transpose_model(kernel: int = 2, stride: int = 2, pad: int = 0) -> byt
     return _model(nodes, ["batch", 6, 10, 24], ["batch", 4, "h", "w"], weights)
 
 
-def _pointwise_model(width: int = 20) -> bytes:
-    """HardSigmoid(Conv1x1(x) + b) + x, 16 -> 16 channels: a detector's late, small-map stage."""
+def _pointwise_model(width: int = 20, channels: int = 12) -> bytes:
+    """HardSigmoid(Conv1x1(x) + b) + x: a detector's late, small-map stage. 12 channels fill no channel
+    block (of 8 or 16): the conv stays NCHW, a matmul over the flattened map."""
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[1, 1]),
         helper.make_node("HardSigmoid", ["t"], ["s"]),
         helper.make_node("Add", ["s", "x"], ["y"]),
     ]
-    weights = [_const("w", (16, 16, 1, 1)), _const("b", (16,))]
-    return _model(nodes, ["batch", 16, 20, width], ["batch", 16, 20, width], weights)
+    weights = [_const("w", (channels, channels, 1, 1)), _const("b", (channels,))]
+    return _model(nodes, ["batch", channels, 20, width], ["batch", channels, 20, width], weights)
+
+
+def _blocked_conv_model(group: int = 1) -> bytes:
+    """Relu(Conv3x3(x) + b + x), 32 -> 32 channels on a 14x14 map (its rows fill no two vectors): a
+    channel-blocked conv, with the residual add in its epilogue; ``group=32``: depthwise."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=group),
+        helper.make_node("Add", ["t", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    weights = [_const("w", (32, 32 // group, 3, 3), 0.1), _const("b", (32,))]
+    return _model(nodes, ["batch", 32, 14, 14], ["batch", 32, 14, 14], weights)
 
 
 # (model, bucket, {kernel name fragment: rule expected to schedule it})
@@ -150,7 +163,14 @@ CASES = {
         {"x": (2, 6, 10, 24)},
         {"conv2d_transpose_phases": "Contraction", "conv2d_transpose_interleave": "Injective"},
     ),
-    "flattened_pointwise_conv": (_pointwise_model, {"x": (2, 16, 20, 20)}, {"conv2d_pointwise": "Contraction"}),
+    "flattened_pointwise_conv": (_pointwise_model, {"x": (2, 12, 20, 20)}, {"conv2d_pointwise": "Contraction"}),
+    # A register tile over output channel blocks and columns (its reduction is 288 long).
+    "channel_blocked_conv": (_blocked_conv_model, {"x": (1, 32, 14, 14)}, {"conv2d_nchwc": "Contraction"}),
+    "channel_blocked_depthwise_conv": (
+        lambda: _blocked_conv_model(group=32),
+        {"x": (2, 32, 14, 14)},
+        {"conv2d_nchwc": "Contraction"},
+    ),
     "softmax": (_softmax_model, {"x": (2, 8, 64)}, {"softmax": "RowReduction"}),
     "layer_norm": (_layer_norm_model, {"x": (2, 8, 64)}, {"layer_norm": "RowReduction"}),
     "pooling": (_pooling_model, {"x": (1, 8, 8, 64)}, {"max_pool2d": "Contraction", "mean": "RowReduction"}),
@@ -377,7 +397,9 @@ def test_cuda_keeps_tvms_own_lowering_of_the_convolutions():
     mod = import_relax(specialized, bucket, {"x": "float32"})
     target = tvm.target.Target(resolve_target("cuda"))
     with target:
-        mod = tvm.ir.transform.Sequential([p for _, ps in tuned_module_stages(target)[:2] for p in ps])(mod)
+        stages = tuned_module_stages(target)
+        through_legalize = stages[: [name for name, _ in stages].index("legalize") + 1]
+        mod = tvm.ir.transform.Sequential([p for _, ps in through_legalize for p in ps])(mod)
     names = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert any("conv2d_transpose" in n for n in names) and not any("phases" in n for n in names), names
 
@@ -392,12 +414,12 @@ def test_other_conv_transposes_keep_the_general_lowering_and_verify(kernel, stri
 
 
 def test_pointwise_conv_is_a_matmul_over_the_flattened_map_only_where_its_width_fills_no_vector_tile():
-    small = _fused_kernels(_pointwise_model(20), {"x": (1, 16, 20, 20)})
+    small = _fused_kernels(_pointwise_model(20), {"x": (1, 12, 20, 20)})
     pointwise = next(f for n, f in small.items() if "conv2d_pointwise" in n)
     sch = tvm.s_tir.Schedule(pointwise)
     block = sch.get(sch.get_sblock("conv2d_pointwise"))
-    assert [int(iv.dom.extent) for iv in block.iter_vars] == [1, 16, 400, 16]  # n, o, h*w, input channels
-    wide = _fused_kernels(_pointwise_model(64), {"x": (1, 16, 20, 64)})
+    assert [int(iv.dom.extent) for iv in block.iter_vars] == [1, 12, 400, 12]  # n, o, h*w, input channels
+    wide = _fused_kernels(_pointwise_model(64), {"x": (1, 12, 20, 64)})
     assert not any("conv2d_pointwise" in n for n in wide) and any("conv2d" in n for n in wide), sorted(wide)
 
 
