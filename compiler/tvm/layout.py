@@ -74,6 +74,60 @@ class _SplitAsSlices(relax.PyExprMutator):
         return relax.Tuple(parts)
 
 
+def _static(shape) -> list[int] | None:
+    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def live_taps(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, before: int) -> tuple[int, int]:
+    """The kernel taps [first, last] along one axis that read the input (not its zero padding) at some
+    output position: with ``sizes`` (input, output), tap t reads rows y * stride + t * dilation - before
+    for y in [0, output)."""
+    size, out_size = sizes
+    last_row = (out_size - 1) * stride
+    live = [t for t in range(kernel) if t * dilation - before < size and last_row + t * dilation - before >= 0]
+    return (live[0], live[-1]) if live else (0, kernel - 1)
+
+
+@relax.expr_functor.mutator
+class _DeadTapsDropped(relax.PyExprMutator):
+    """A dilated conv's taps that read only zero padding are dropped: DeepLabV3's ASPP convs (3x3,
+    dilation 24 and 36, on a 14x14 map) read their input with the centre tap alone, and computed the
+    other eight over padding (14.8 ms each against 1.0 in ONNX Runtime, whose kernels skip them)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not call.op.same_as(_CONV2D) or call.attrs.data_layout != "NCHW" or call.attrs.kernel_layout != "OIHW":
+            return call
+        data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
+        if data is None or weight is None or out is None:
+            return call
+        strides = [int(s) for s in call.attrs.strides]
+        dilation = [int(d) for d in call.attrs.dilation]
+        top, left, bottom, right = (int(p) for p in call.attrs.padding)
+        rows = live_taps((data[2], out[2]), weight[2], strides[0], dilation[0], top)
+        columns = live_taps((data[3], out[3]), weight[3], strides[1], dilation[1], left)
+        if rows == (0, weight[2] - 1) and columns == (0, weight[3] - 1):
+            return call
+        taps = (rows[1] - rows[0] + 1, columns[1] - columns[0] + 1)
+        top, left = top - rows[0] * dilation[0], left - columns[0] * dilation[1]
+        # What keeps the output's size: the last window's end, past the input.
+        bottom = (out[2] - 1) * strides[0] + (taps[0] - 1) * dilation[0] + 1 - data[2] - top
+        right = (out[3] - 1) * strides[1] + (taps[1] - 1) * dilation[1] + 1 - data[3] - left
+        if min(top, left, bottom, right) < 0:
+            return call
+        kept = relax.op.strided_slice(call.args[1], [2, 3], [rows[0], columns[0]], [rows[1] + 1, columns[1] + 1])
+        return relax.op.nn.conv2d(
+            call.args[0], kept, strides, [top, left, bottom, right], dilation, int(call.attrs.groups),
+            "NCHW", "OIHW", "NCHW", call.attrs.out_dtype or None,
+        )  # fmt: skip
+
+
 def _rewrite(mutator):
     @tvm.transform.module_pass(opt_level=0, name=f"jitserve_{mutator.__name__.strip('_').lower()}")
     def apply(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
@@ -86,14 +140,8 @@ def _rewrite(mutator):
 
 
 clip_as_min_max = _rewrite(_ClipAsMinMax)
+dead_taps_dropped = _rewrite(_DeadTapsDropped)
 split_as_slices = _rewrite(_SplitAsSlices)
-
-
-def _static(shape) -> list[int] | None:
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
 
 
 def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
@@ -147,6 +195,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     return [
         clip_as_min_max,
         split_as_slices,
+        dead_taps_dropped,
         relax.transform.ConvertLayout({}, layouts),
         relax.transform.Normalize(),
         relax.transform.FoldConstant(),

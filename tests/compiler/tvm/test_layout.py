@@ -1,0 +1,103 @@
+"""Channel-blocked convs (compiler/tvm/layout.py): which conv gets which layout, the taps a dilated conv
+drops, and models built with them verified against ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from compiler.build import compile_bucket
+from compiler.model import load_model
+from compiler.store import ArtifactStore
+from compiler.target import resolve_target
+from tests.synthetic import make_model, value
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import relax  # noqa: E402
+
+from compiler.tvm.build import import_relax, specialize  # noqa: E402
+from compiler.tvm.layout import blocked_layouts, live_taps  # noqa: E402
+from compiler.tvm.pipeline import tuned_module_stages  # noqa: E402
+
+TARGET = resolve_target("llvm")
+
+
+def _conv(data: tuple, weight: tuple, *, groups: int = 1, padding: int = 1) -> relax.Call:
+    x = relax.Var("x", relax.TensorType(data, "float32"))
+    w = relax.Var("w", relax.TensorType(weight, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        out = bb.emit(relax.op.nn.conv2d(x, w, padding=padding, groups=groups))
+        bb.emit_func_output(out)
+    return bb.get()["main"].body.blocks[0].bindings[0].value
+
+
+@pytest.mark.parametrize(
+    "data, weight, groups, expected",
+    [
+        ((1, 64, 14, 14), (64, 64, 3, 3), 1, ["NCHW8c", "OIHW8i8o", "NCHW8c"]),  # regular, a small map
+        ((1, 3, 224, 224), (64, 3, 3, 3), 1, ["NCHW3c", "OIHW3i8o", "NCHW8c"]),  # the RGB first layer
+        ((1, 64, 14, 14), (64, 1, 3, 3), 64, ["NCHW8c", "OIHW8o", "NCHW8c"]),  # depthwise
+        ((1, 64, 14, 14), (64, 16, 3, 3), 4, ["NCHW8c", "OIHW8i8o", "NCHW8c"]),  # grouped, 16-channel groups
+        ((1, 64, 14, 14), (64, 4, 3, 3), 16, None),  # groups of 4 channels fill no block
+        ((1, 64, 14, 14), (12, 64, 3, 3), 1, None),  # 12 output channels fill no block
+        ((1, 64, 14, 96), (64, 64, 3, 3), 1, None),  # 96-wide rows: two whole vectors in NCHW already
+    ],
+    ids=["regular", "first_layer", "depthwise", "grouped", "narrow_groups", "ragged_channels", "wide_rows"],
+)
+def test_each_conv_gets_the_layout_it_runs_fastest_in(data, weight, groups, expected):
+    assert blocked_layouts(_conv(data, weight, groups=groups), 8) == expected
+
+
+def test_a_conv_with_symbolic_map_stays_nchw():
+    h = tvm.tirx.Var("h", "int64")
+    assert blocked_layouts(_conv((1, 64, h, 14), (64, 64, 3, 3)), 8) is None
+
+
+def test_live_taps_are_those_that_read_the_input_somewhere():
+    # DeepLabV3's ASPP on a 14x14 map: dilation 24 or 36 leaves the centre tap alone, 12 all three.
+    assert live_taps((14, 14), 3, 1, 24, 24) == (1, 1)
+    assert live_taps((14, 14), 3, 1, 36, 36) == (1, 1)
+    assert live_taps((14, 14), 3, 1, 12, 12) == (0, 2)
+    assert live_taps((56, 28), 3, 2, 1, 1) == (0, 2)  # an ordinary strided conv keeps every tap
+    assert live_taps((8, 4), 5, 1, 1, 0) == (0, 4)  # no padding: every tap is in
+
+
+def _aspp_model() -> bytes:
+    """Concat of 3x3 convs with dilation 1, 2 and 8 (padding alike) over a 16-channel 6x6 map, then a
+    Relu: dilation 8 reads the input with its centre tap alone."""
+    rng = np.random.default_rng(3)
+    nodes, weights, branches = [], [], []
+    for rate in (1, 2, 8):
+        weights.append(
+            numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), f"w{rate}")
+        )
+        nodes.append(helper.make_node("Conv", ["x", f"w{rate}"], [f"c{rate}"], kernel_shape=[3, 3], pads=[rate] * 4,
+                                      dilations=[rate, rate]))  # fmt: skip
+        branches.append(f"c{rate}")
+    nodes += [helper.make_node("Concat", branches, ["cat"], axis=1), helper.make_node("Relu", ["cat"], ["y"])]
+    graph = helper.make_graph(nodes, "aspp", [value("x", "float32", ["N", 16, 6, 6])],
+                              [value("y", "float32", ["N", 48, 6, 6])], weights)  # fmt: skip
+    return make_model(graph).SerializeToString()
+
+
+def test_a_dilated_conv_drops_the_taps_that_read_only_padding_and_still_verifies(tmp_path):
+    model, bucket = _aspp_model(), {"x": (2, 16, 6, 6)}
+    specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
+    mod = import_relax(specialized, bucket, {"x": "float32"})
+    target = tvm.target.Target(TARGET)
+    with target:
+        layout = dict(tuned_module_stages(target))["layout"]
+        mod = tvm.transform.Sequential(layout)(mod)
+    kernels = []
+    for block in mod["main"].body.blocks:
+        kernels += [
+            b.value.args[1].ty.shape for b in block.bindings if getattr(b.value.op, "name", "") == "relax.nn.conv2d"
+        ]
+    taps = sorted((int(shape[2]), int(shape[3])) for shape in kernels)  # the blocked kernels' kh, kw
+    assert taps == [(1, 1), (3, 3), (3, 3)], taps
+    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
+    assert manifest.verified, manifest.verification
