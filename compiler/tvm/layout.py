@@ -18,7 +18,7 @@ leaves the register budget a 1- or 2-wide tile.
 
 The weights' own transform (OIHW to O{b}o I{b}i blocks) and anything else
 computed from weights alone is lifted into ``main_transform_params``, which
-the engine runs once per model version instead of once per request.
+the engine runs once per model version instead of once per request (``compiler.engines.TRANSFORM_PARAMS``).
 
 Runs in the compile child only (imports TVM).
 """
@@ -30,48 +30,32 @@ from tvm import relax
 
 from .schedules.base import vector_lanes, whole_vector_tile
 
-TRANSFORM_PARAMS = "main_transform_params"
-"""The executable's function that computes the kernel's weights from the model version's weights."""
 
-_CLIP = tvm.ir.Op.get("relax.clip")
-
-
-@relax.expr_functor.mutator
-class _ClipAsMinMax(relax.PyExprMutator):
+def _clip_as_min_max(call: relax.Call) -> relax.Expr:
     """``clip(x, lo, hi)`` as ``minimum(maximum(x, lo), hi)``: ConvertLayout cannot carry a blocked
     layout through ``clip`` (it has no layout rule), and hardswish/ReLU6 would put two transforms
     around every use; the binary ops carry it."""
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not call.op.same_as(_CLIP) or not isinstance(call.ty, relax.TensorType):
-            return call
-        low, high = (relax.const(float(bound.value), call.ty.dtype) for bound in call.args[1:])
-        return relax.op.minimum(relax.op.maximum(call.args[0], low), high)
+    if not isinstance(call.ty, relax.TensorType):
+        return call
+    low, high = (relax.const(float(bound.value), call.ty.dtype) for bound in call.args[1:])
+    return relax.op.minimum(relax.op.maximum(call.args[0], low), high)
 
 
-_SPLIT = tvm.ir.Op.get("relax.split")
-
-
-@relax.expr_functor.mutator
-class _SplitAsSlices(relax.PyExprMutator):
+def _split_as_slices(call: relax.Call) -> relax.Expr:
     """``split`` as one ``strided_slice`` per part: ConvertLayout's rule for ``split`` cuts a blocked
     channel axis at the unblocked indices (a wrong shape, and the build fails), where a slice is carried
     in NCHW between two transforms (YOLOv8's C2f blocks split their channels)."""
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not call.op.same_as(_SPLIT) or not isinstance(call.ty, relax.TupleType):
+    if not isinstance(call.ty, relax.TupleType):
+        return call
+    axis = int(call.attrs.axis)
+    parts, begin = [], 0
+    for part in call.ty.fields:
+        extent = part.shape.values[axis]
+        if not isinstance(extent, tvm.tirx.IntImm):
             return call
-        axis = int(call.attrs.axis)
-        ends = [part.shape.values[axis] for part in call.ty.fields]
-        parts, begin = [], 0
-        for extent in ends:
-            if not isinstance(extent, tvm.tirx.IntImm):
-                return call
-            parts.append(relax.op.strided_slice(call.args[0], [axis], [begin], [begin + int(extent)]))
-            begin += int(extent)
-        return relax.Tuple(parts)
+        parts.append(relax.op.strided_slice(call.args[0], [axis], [begin], [begin + int(extent)]))
+        begin += int(extent)
+    return relax.Tuple(parts)
 
 
 def _static(shape) -> list[int] | None:
@@ -79,9 +63,6 @@ def _static(shape) -> list[int] | None:
     if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
         return None
     return [int(d) for d in dims]
-
-
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 
 def live_taps(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, before: int) -> tuple[int, int]:
@@ -94,54 +75,55 @@ def live_taps(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, b
     return (live[0], live[-1]) if live else (0, kernel - 1)
 
 
-@relax.expr_functor.mutator
-class _DeadTapsDropped(relax.PyExprMutator):
+def _dead_taps_dropped(call: relax.Call) -> relax.Expr:
     """A dilated conv's taps that read only zero padding are dropped: DeepLabV3's ASPP convs (3x3,
     dilation 24 and 36, on a 14x14 map) read their input with the centre tap alone, and computed the
     other eight over padding (14.8 ms each against 1.0 in ONNX Runtime, whose kernels skip them)."""
+    if call.attrs.data_layout != "NCHW" or call.attrs.kernel_layout != "OIHW":
+        return call
+    data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
+    if data is None or weight is None or out is None:
+        return call
+    strides = [int(s) for s in call.attrs.strides]
+    dilation = [int(d) for d in call.attrs.dilation]
+    top, left, bottom, right = (int(p) for p in call.attrs.padding)
+    rows = live_taps((data[2], out[2]), weight[2], strides[0], dilation[0], top)
+    columns = live_taps((data[3], out[3]), weight[3], strides[1], dilation[1], left)
+    if rows == (0, weight[2] - 1) and columns == (0, weight[3] - 1):
+        return call
+    taps = (rows[1] - rows[0] + 1, columns[1] - columns[0] + 1)
+    top, left = top - rows[0] * dilation[0], left - columns[0] * dilation[1]
+    # What keeps the output's size: the last window's end, past the input.
+    bottom = (out[2] - 1) * strides[0] + (taps[0] - 1) * dilation[0] + 1 - data[2] - top
+    right = (out[3] - 1) * strides[1] + (taps[1] - 1) * dilation[1] + 1 - data[3] - left
+    if min(top, left, bottom, right) < 0:
+        return call
+    kept = relax.op.strided_slice(call.args[1], [2, 3], [rows[0], columns[0]], [rows[1] + 1, columns[1] + 1])
+    return relax.op.nn.conv2d(
+        call.args[0], kept, strides, [top, left, bottom, right], dilation, int(call.attrs.groups),
+        "NCHW", "OIHW", "NCHW", call.attrs.out_dtype or None,
+    )  # fmt: skip
+
+
+_REWRITES = {"relax.clip": _clip_as_min_max, "relax.split": _split_as_slices, "relax.nn.conv2d": _dead_taps_dropped}
+
+
+@relax.expr_functor.mutator
+class _BeforeConvertLayout(relax.PyExprMutator):
+    """The rewrites above, in one walk over the function (a walk in Python costs ~0.5 s on a convnet)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not call.op.same_as(_CONV2D) or call.attrs.data_layout != "NCHW" or call.attrs.kernel_layout != "OIHW":
-            return call
-        data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
-        if data is None or weight is None or out is None:
-            return call
-        strides = [int(s) for s in call.attrs.strides]
-        dilation = [int(d) for d in call.attrs.dilation]
-        top, left, bottom, right = (int(p) for p in call.attrs.padding)
-        rows = live_taps((data[2], out[2]), weight[2], strides[0], dilation[0], top)
-        columns = live_taps((data[3], out[3]), weight[3], strides[1], dilation[1], left)
-        if rows == (0, weight[2] - 1) and columns == (0, weight[3] - 1):
-            return call
-        taps = (rows[1] - rows[0] + 1, columns[1] - columns[0] + 1)
-        top, left = top - rows[0] * dilation[0], left - columns[0] * dilation[1]
-        # What keeps the output's size: the last window's end, past the input.
-        bottom = (out[2] - 1) * strides[0] + (taps[0] - 1) * dilation[0] + 1 - data[2] - top
-        right = (out[3] - 1) * strides[1] + (taps[1] - 1) * dilation[1] + 1 - data[3] - left
-        if min(top, left, bottom, right) < 0:
-            return call
-        kept = relax.op.strided_slice(call.args[1], [2, 3], [rows[0], columns[0]], [rows[1] + 1, columns[1] + 1])
-        return relax.op.nn.conv2d(
-            call.args[0], kept, strides, [top, left, bottom, right], dilation, int(call.attrs.groups),
-            "NCHW", "OIHW", "NCHW", call.attrs.out_dtype or None,
-        )  # fmt: skip
+        rewrite = _REWRITES.get(getattr(call.op, "name", ""))
+        return rewrite(call) if rewrite is not None else call
 
 
-def _rewrite(mutator):
-    @tvm.transform.module_pass(opt_level=0, name=f"jitserve_{mutator.__name__.strip('_').lower()}")
-    def apply(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        for g_var, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mod[g_var] = mutator(mod).visit_expr(func)
-        return mod
-
-    return apply
-
-
-clip_as_min_max = _rewrite(_ClipAsMinMax)
-dead_taps_dropped = _rewrite(_DeadTapsDropped)
-split_as_slices = _rewrite(_SplitAsSlices)
+@tvm.transform.module_pass(opt_level=0, name="jitserve_before_convert_layout")
+def before_convert_layout(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+    for g_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mod[g_var] = _BeforeConvertLayout(mod).visit_expr(func)
+    return mod
 
 
 def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
@@ -193,9 +175,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
         return {"relax.nn.conv2d": blocked_layouts(call, block) or ["NCHW", "OIHW", "NCHW"]}
 
     return [
-        clip_as_min_max,
-        split_as_slices,
-        dead_taps_dropped,
+        before_convert_layout,
         relax.transform.ConvertLayout({}, layouts),
         relax.transform.Normalize(),
         relax.transform.FoldConstant(),

@@ -21,7 +21,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
-from .layout import TRANSFORM_PARAMS, channel_block_passes
+from ..engines import TRANSFORM_PARAMS
+from .layout import channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
 

@@ -26,8 +26,8 @@ from tvm import relax
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from ..engines import TRANSFORM_PARAMS
 from ..errors import CompileError
-from .layout import TRANSFORM_PARAMS
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
 
