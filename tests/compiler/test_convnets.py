@@ -3,6 +3,7 @@ verified against ONNX Runtime, every kernel scheduled by a rule (none left as na
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from compiler.build import compile_bucket
@@ -37,3 +38,24 @@ def test_every_conv_kind_compiles_blocked_verifies_and_is_scheduled(tmp_path, bu
     assert len(unblocked) == NCHW_CONVS[build.__name__.removesuffix("_model")], convs
     # Their weights are blocked once per model version, not per request.
     assert manifest.weight_transform is not None
+
+
+def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp_path):
+    """The weight transform (OIHW -> blocked) runs once per model version: two buckets whose transform is
+    the same share its result through the server's weight pool, which counts its bytes."""
+    from compiler.engines import OrtEngine
+    from server.runtime.kernel_cache import WeightPool, open_tvm_engine
+
+    model = load_model(convnets.residual_model(), max_bytes=1 << 24)
+    store = ArtifactStore(tmp_path)
+    manifests = [compile_bucket(model, {"x": (n, 3, 56, 56)}, TARGET, store).manifest for n in (1, 2)]
+    assert manifests[0].weight_transform == manifests[1].weight_transform is not None
+    loaded = WeightPool(store).get(model.digest, "llvm")
+    mapped = loaded.nbytes
+    reference = OrtEngine(convnets.residual_model())
+    for manifest in manifests:
+        engine = open_tvm_engine(store.library_path(manifest.key), model.signature, TARGET, loaded.for_kernel(manifest))
+        x = np.random.default_rng(manifest.bucket["x"][0]).standard_normal(manifest.bucket["x"]).astype(np.float32)
+        np.testing.assert_allclose(engine.run({"x": x})["y"], reference.run({"x": x})["y"], rtol=1e-3, atol=1e-4)
+    # One set of blocked weights, about the size of the prepared ones, for both kernels.
+    assert 0.5 * mapped < loaded.nbytes - mapped < 1.5 * mapped
