@@ -177,10 +177,12 @@ CASES = {
 }
 
 
-def _fused_kernels(model: bytes, bucket: dict, bounds: dict | None = None) -> dict[str, tvm.tirx.PrimFunc]:
+def _fused_kernels(
+    model: bytes, bucket: dict, bounds: dict | None = None, *, mcpu: str | None = None
+) -> dict[str, tvm.tirx.PrimFunc]:
     specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
     mod = import_relax(specialized, bucket, {"x": "float32"})
-    target = tvm.target.Target(TARGET)
+    target = tvm.target.Target({**TARGET, "mcpu": mcpu} if mcpu else TARGET)
     with target:
         passes = [p for _, stage in tuned_module_stages(target, bounds) for p in stage]
         mod = tvm.transform.Sequential(passes)(mod)
@@ -342,6 +344,25 @@ def _spilled_vector_stores(func, mcpu: str) -> tuple[int, int, int]:
     return len(spills), asm.count("%ymm"), asm.count("%zmm")
 
 
+def _fma_loop_stack_traffic(func, mcpu: str) -> tuple[int, int]:
+    """(FMAs, vector loads or stores on the stack) in the innermost loop holding the FMAs: the reduction
+    that must keep its accumulators and operands in registers."""
+    import re
+
+    from tvm.driver import build as tvm_build
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    sch = cpu_schedules.Contraction().apply(func, target, False)
+    asm = tvm_build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    lines = asm.inspect_source("asm").splitlines()
+    first = next(i for i, line in enumerate(lines) if "vfmadd" in line)
+    label = next(i for i in range(first, -1, -1) if re.match(r"\.LBB\w+:", lines[i]))
+    back = next(i for i in range(first, len(lines)) if re.search(rf"\sj\w+\s+{lines[label][:-1]}$", lines[i]))
+    body = lines[label:back]
+    stack = [line for line in body if re.search(r"%[yz]mm\d+.*\(%rsp\)|\(%rsp\).*%[yz]mm", line)]
+    return sum("vfmadd" in line for line in body), len(stack)
+
+
 @pytest.mark.parametrize(
     "model, bucket",
     [(lambda: _matmul_model(256, 256), {"x": (8, 16, 256)}), (_conv_bn_relu_model, {"x": (1, 8, 12, 32)})],
@@ -350,11 +371,24 @@ def _spilled_vector_stores(func, mcpu: str) -> tuple[int, int, int]:
 def test_avx2_tiles_fit_sixteen_ymm_registers(model, bucket):
     """Compiled for an AVX2 CPU on any machine: 8-lane vectors and a tile that does not spill
     (with 16-lane tiles the matmul stored 48 vectors to the stack)."""
-    kernels = _fused_kernels(model(), bucket)
+    kernels = _fused_kernels(model(), bucket, mcpu="haswell")
     func = next(f for n, f in kernels.items() if "matmul" in n or "conv2d" in n)
     spills, ymm, zmm = _spilled_vector_stores(func, "haswell")
     assert zmm == 0 and ymm > 0
     assert spills <= 2, f"{spills} vector registers spilled to the stack"
+
+
+@pytest.mark.parametrize(("mcpu", "block"), [("haswell", 8), ("skylake-avx512", 16)])
+def test_a_channel_blocked_conv_is_blocked_by_the_targets_lanes_and_its_tile_does_not_spill(mcpu, block):
+    """A 3x3 conv on a 14x14 map, built for each ISA on any machine: blocks of one vector's floats, and a
+    register tile of several output channel blocks by several columns that fits the register file."""
+    kernels = _fused_kernels(_blocked_conv_model(), {"x": (1, 32, 14, 14)}, mcpu=mcpu)
+    func = next(f for n, f in kernels.items() if "conv2d_nchwc" in n)
+    assert f'T.int64({block})), "float32")' in func.script()  # ...[..., 14, 14, block] float32 buffers
+    _, ymm, zmm = _spilled_vector_stores(func, mcpu)
+    assert (zmm > 0) == (block == 16) and ymm + zmm > 0
+    fmas, stack = _fma_loop_stack_traffic(func, mcpu)
+    assert fmas >= 8 and stack == 0, (fmas, stack)  # several accumulators, none of them spilled
 
 
 def test_matmul_weight_is_packed_into_column_panels_and_verifies(store):
