@@ -25,6 +25,8 @@ Runs in the compile child only (imports TVM).
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax
 
@@ -128,9 +130,8 @@ def before_convert_layout(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext)
 
 def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
     """The [data, kernel, output] layouts of ``call`` (an NCHW float32 conv2d) channel-blocked by ``block``,
-    or ``None`` where it stays NCHW: a map or channel count not static, channels that do not fill whole
-    blocks (a grouped conv whose groups are narrower than a block), or an output row that two whole
-    vectors tile (PP-OCR cls's 96-wide maps: 0.75 ms in NCHW, 0.90 blocked, AMD EPYC Zen 3, AVX2)."""
+    or ``None`` where it stays NCHW: a map or channel count not static, or channels that do not fill whole
+    blocks (a grouped conv whose groups are narrower than a block)."""
     attrs = call.attrs
     data = _static(getattr(call.args[0].ty, "shape", None))
     weight = _static(getattr(call.args[1].ty, "shape", None))
@@ -140,10 +141,6 @@ def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
         return None
     groups = int(attrs.groups)
     in_channels, out_channels, group_in = data[1], weight[0], weight[1]
-    out_shape = _static(getattr(call.ty, "shape", None))
-    wide_rows = out_shape is not None and (whole_vector_tile(out_shape[3], block) or 0) >= 2 * block
-    if wide_rows and in_channels >= block:
-        return None  # NCHW fills two whole vectors a row already, with no transforms around it
     group_out = out_channels // groups
     blocked = [f"NCHW{block}c", f"OIHW{block}i{block}o", f"NCHW{block}c"]
     if out_channels % block:
@@ -156,6 +153,38 @@ def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
     if group_in == 1 and group_out == 1:  # depthwise: channel c reads channel c alone
         return [f"NCHW{block}c", f"OIHW{block}o", f"NCHW{block}c"]
     return blocked if group_in % block == 0 and group_out % block == 0 else None
+
+
+def _multiply_accumulates(call: relax.Call) -> int:
+    out = _static(getattr(call.ty, "shape", None)) or [0]
+    weight = _static(getattr(call.args[1].ty, "shape", None)) or [0]
+    return math.prod(out) * math.prod(weight[1:])
+
+
+def narrow_rows(call: relax.Call, block: int) -> bool:
+    """Whether ``call``'s output rows fill no two whole vectors: NCHW vectorizes its width, and a row of
+    56, 28, 14 or 7 leaves it one vector or less (two vectors are its register tile's width)."""
+    out = _static(getattr(call.ty, "shape", None))
+    return out is not None and (whole_vector_tile(out[3], block) or 0) < 2 * block
+
+
+def blocks_pay(func: relax.Function, block: int) -> bool:
+    """Whether the model's convs run channel-blocked: when those on narrow rows hold most of its conv
+    work. One layout for the whole model, not one per conv: where the layouts met, a detector's neck
+    paid for transforms of 160x160 maps and its NCHW convs there ran 2x slower (PP-OCRv4 det, 78.7 ->
+    98.4 ms, AMD EPYC Zen 3, AVX2); PP-OCR cls and rec, on 96- to 320-wide maps, ran no faster blocked
+    (cls 0.75 -> 0.90 ms)."""
+    convs: list[relax.Call] = []
+
+    def visit(expr) -> None:
+        is_conv = isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d"
+        if is_conv and blocked_layouts(expr, block) is not None:
+            convs.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    total = sum(_multiply_accumulates(call) for call in convs)
+    narrow = sum(_multiply_accumulates(call) for call in convs if narrow_rows(call, block))
+    return total > 0 and 2 * narrow >= total
 
 
 def channel_block_passes(target: tvm.target.Target) -> list:
@@ -174,10 +203,15 @@ def channel_block_passes(target: tvm.target.Target) -> list:
             return {}
         return {"relax.nn.conv2d": blocked_layouts(call, block) or ["NCHW", "OIHW", "NCHW"]}
 
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
+    def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()] or not blocks_pay(mod["main"], block):
+            return mod
+        return relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(mod))
+
     return [
         before_convert_layout,
-        relax.transform.ConvertLayout({}, layouts),
-        relax.transform.Normalize(),
+        convert,
         relax.transform.FoldConstant(),
         relax.transform.LiftTransformParams(),
     ]

@@ -19,7 +19,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
-from compiler.tvm.layout import blocked_layouts, live_taps  # noqa: E402
+from compiler.tvm.layout import blocked_layouts, blocks_pay, live_taps, narrow_rows  # noqa: E402
 from compiler.tvm.pipeline import tuned_module_stages  # noqa: E402
 
 TARGET = resolve_target("llvm")
@@ -44,12 +44,36 @@ def _conv(data: tuple, weight: tuple, *, groups: int = 1, padding: int = 1) -> r
         ((1, 64, 14, 14), (64, 16, 3, 3), 4, ["NCHW8c", "OIHW8i8o", "NCHW8c"]),  # grouped, 16-channel groups
         ((1, 64, 14, 14), (64, 4, 3, 3), 16, None),  # groups of 4 channels fill no block
         ((1, 64, 14, 14), (12, 64, 3, 3), 1, None),  # 12 output channels fill no block
-        ((1, 64, 14, 96), (64, 64, 3, 3), 1, None),  # 96-wide rows: two whole vectors in NCHW already
     ],
-    ids=["regular", "first_layer", "depthwise", "grouped", "narrow_groups", "ragged_channels", "wide_rows"],
+    ids=["regular", "first_layer", "depthwise", "grouped", "narrow_groups", "ragged_channels"],
 )
-def test_each_conv_gets_the_layout_it_runs_fastest_in(data, weight, groups, expected):
+def test_each_conv_kind_gets_its_blocked_layout(data, weight, groups, expected):
     assert blocked_layouts(_conv(data, weight, groups=groups), 8) == expected
+
+
+def _convs(*maps: tuple[int, int]) -> relax.Function:
+    """A chain of 3x3 64-channel convs, one per (height, width) map (each the input's size, padding 1)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, *maps[0]), "float32"))
+    w = relax.Var("w", relax.TensorType((64, 64, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        y = x
+        for height, width in maps:
+            if tuple(y.ty.shape.values[2:]) != (height, width):
+                y = bb.emit(relax.op.image.resize2d(y, (height, width)))
+            y = bb.emit(relax.op.nn.conv2d(y, w, padding=1))
+        bb.emit_func_output(y)
+    return bb.get()["main"]
+
+
+def test_the_model_is_blocked_where_narrow_rows_hold_most_of_its_conv_work():
+    # NCHW vectorizes a row: 2 whole AVX2 vectors tile 96 or 160, one 56 or 14.
+    assert narrow_rows(_conv((1, 64, 14, 14), (64, 64, 3, 3)), 8)
+    assert not narrow_rows(_conv((1, 64, 14, 96), (64, 64, 3, 3)), 8)
+    assert blocks_pay(_convs((56, 56), (28, 28), (14, 14)), 8)  # a classifier
+    assert not blocks_pay(_convs((48, 160), (24, 80)), 8)  # a text recognizer's wide maps
+    # A detector's neck: one 160x160 conv outweighs three at 40x40 and 20x20.
+    assert not blocks_pay(_convs((160, 160), (40, 40), (40, 40), (20, 20)), 8)
 
 
 def test_a_conv_with_symbolic_map_stays_nchw():
