@@ -139,6 +139,9 @@ class TvmEngine:
         self._module = tvm.runtime.load_module(str(library))
         self._vm = relax.VirtualMachine(self._module, self._device)
         self._main = self._vm["main"]
+        # Held while this kernel lives, transformed or not: a server's weight pool keeps a version's weights
+        # (and what was computed from them) only while some kernel holds them.
+        self._prepared = weights
         if self._vm.module.implements_function(TRANSFORM_PARAMS):
             transform = self._vm[TRANSFORM_PARAMS]
 

@@ -113,7 +113,7 @@ def open_tvm_engine(library: Path, signature: Signature, target: dict, weights: 
         signature.input_names,
         signature.output_names,
         device=target_kind(target),
-        weights=list(weights),
+        weights=weights,
         transformed=loaded.transformed if loaded is not None else None,
         weight_transform=getattr(weights, "transform", None),
     )

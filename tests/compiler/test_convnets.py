@@ -50,12 +50,17 @@ def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp
     store = ArtifactStore(tmp_path)
     manifests = [compile_bucket(model, {"x": (n, 3, 56, 56)}, TARGET, store).manifest for n in (1, 2)]
     assert manifests[0].weight_transform == manifests[1].weight_transform is not None
-    loaded = WeightPool(store).get(model.digest, "llvm")
-    mapped = loaded.nbytes
+    pool = WeightPool(store)
+    mapped = pool.get(model.digest, "llvm").nbytes
     reference = OrtEngine(convnets.residual_model())
+    engines = []  # what the server's cache holds: only the kernels, which hold the version's weights
     for manifest in manifests:
-        engine = open_tvm_engine(store.library_path(manifest.key), model.signature, TARGET, loaded.for_kernel(manifest))
+        weights = pool.get(model.digest, "llvm").for_kernel(manifest)
+        engines.append(open_tvm_engine(store.library_path(manifest.key), model.signature, TARGET, weights))
+        del weights
         x = np.random.default_rng(manifest.bucket["x"][0]).standard_normal(manifest.bucket["x"]).astype(np.float32)
-        np.testing.assert_allclose(engine.run({"x": x})["y"], reference.run({"x": x})["y"], rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(engines[-1].run({"x": x})["y"], reference.run({"x": x})["y"], rtol=1e-3, atol=1e-4)
     # One set of blocked weights, about the size of the prepared ones, for both kernels.
-    assert 0.5 * mapped < loaded.nbytes - mapped < 1.5 * mapped
+    assert 0.5 * mapped < pool.total_bytes - mapped < 1.5 * mapped
+    engines.clear()  # the last kernel gone, the version's weights go too
+    assert pool.total_bytes == 0
