@@ -112,7 +112,7 @@ _REWRITES = {"relax.clip": _clip_as_min_max, "relax.split": _split_as_slices, "r
 
 @relax.expr_functor.mutator
 class _BeforeConvertLayout(relax.PyExprMutator):
-    """The rewrites above, in one walk over the function (a walk in Python costs ~0.5 s on a convnet)."""
+    """The rewrites above, in one walk over the function."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
