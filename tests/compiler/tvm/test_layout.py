@@ -125,4 +125,3 @@ def test_a_dilated_conv_drops_the_taps_that_read_only_padding_and_still_verifies
     assert taps == [(1, 1), (3, 3), (3, 3)], taps
     manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
-
