@@ -5,13 +5,11 @@ vectorized and run in parallel when large."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 
 import tvm
 from tvm import s_tir, tirx
 
 from .base import (
-    ACCUMULATOR_VECTORS_NO_REUSE,
     MAX_UNROLLED_COPIES,
     PARALLEL_MIN_ELEMENTS,
     PARALLEL_MIN_MACS,
@@ -26,11 +24,9 @@ from .base import (
     loop_bound,
     loop_depth,
     loop_extent,
-    pick_factor,
     product_of,
     root_blocks,
     split_symbolic,
-    symbolic_tile,
     target_cores,
     total_elements,
     trivially_bound,
@@ -39,6 +35,7 @@ from .base import (
     vectorize_innermost,
     whole_vector_tile,
 )
+from .register_tile import ContractionInfo, outer_tile, tile_sizes
 
 # A packed weight panel lives on a worker thread's stack: K x nr floats at most this size.
 MAX_PANEL_BYTES = 512 * 1024
@@ -103,7 +100,7 @@ class Contraction(SafeRule):
         symbolic_reg = info.reg is not None and info.reg in info.symbolic
         ragged = not symbolic_vec and n > lanes and whole_vector_tile(n, lanes) is None
         if allow_pad and (symbolic_vec or symbolic_reg or ragged):
-            mr, nr = _tile_sizes(info, lanes, unit.accumulators)
+            mr, nr = tile_sizes(info, lanes, unit.accumulators)
             padding = [1] * len(info.extents)
             padding[info.vec] = nr if symbolic_vec else lanes if ragged else 1
             if symbolic_reg:
@@ -120,8 +117,8 @@ class Contraction(SafeRule):
         names = block_names(sch)
         producers = names[: names.index(main_name)]
         after = names[names.index(main_name) + 1 :]
-        mr, nr = _tile_sizes(info, lanes, unit.accumulators)
-        ov, mr = _outer_tile(info, lanes, nr, mr, unit.accumulators)
+        mr, nr = tile_sizes(info, lanes, unit.accumulators)
+        ov, mr = outer_tile(info, lanes, nr, mr, unit.accumulators)
 
         # A single pad indexed by plain (batch, channel) axes is computed per channel.
         per_channel: list[int] = []
@@ -226,23 +223,7 @@ class Contraction(SafeRule):
         return sch
 
 
-@dataclass
-class _ContractionInfo:
-    spatial: list[int]  # positions of the spatial iters in the block's iter list
-    reduce: list[int]
-    vec: int  # the vectorized iter: innermost non-unit output axis
-    reg: int | None  # the register-blocked iter
-    reuse: bool  # whether the vector-loaded operands are shared across ``reg``
-    extents: list[int]  # a symbolic extent at its largest value
-    symbolic: frozenset[int] = frozenset()  # iters whose extent is symbolic
-    multiple: dict[int, int] = field(default_factory=dict)  # a symbolic extent -> a number it is a multiple of
-    # An iter the vector-loaded operands use and the broadcast ones do not (a channel-blocked conv's output
-    # channel block): unrolled beside ``reg`` where the vector axis is one vector, so that each broadcast
-    # value feeds several vector FMAs.
-    outer: int | None = None
-
-
-def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionInfo | None:
+def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> ContractionInfo | None:
     stmt = sch.get(block)
     if len(stmt.writes) != 1 or not trivially_bound(sch, block):
         return None
@@ -292,15 +273,15 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> _ContractionIn
             and not any(iter_vars[p].var in d for dims in broadcast for d in dims)
         ]  # fmt: skip
         outer = max(outers, key=lambda p: (extents[p], p)) if outers else None
-        return _ContractionInfo(spatial, reduce, vec, reg, True, extents, symbolic, multiple, outer)
+        return ContractionInfo(spatial, reduce, vec, reg, True, extents, symbolic, multiple, outer)
     # No reuse to win (depthwise conv, pooling): block the axis next to the vector one anyway,
     # for independent accumulators.
     before = [p for p in spatial if p < vec and extents[p] > 1]
-    return _ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents, symbolic, multiple)
+    return ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents, symbolic, multiple)
 
 
 def _packable_operand(
-    sch: s_tir.Schedule, main: SBlockRV, info: _ContractionInfo, mr: int, nr: int, *, cores: int
+    sch: s_tir.Schedule, main: SBlockRV, info: ContractionInfo, mr: int, nr: int, *, cores: int
 ) -> str | None:
     """The buffer name of a matmul's streamed operand worth packing into column panels, else ``None``.
 
@@ -339,7 +320,7 @@ def _packable_operand(
     return None
 
 
-def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, _ContractionInfo] | None:
+def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, ContractionInfo] | None:
     """The contraction block and its analysis, when it has at most one epilogue."""
     if _epilogue_count(sch, main_name) > 1:
         return None
@@ -348,68 +329,7 @@ def _main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, _C
     return None if info is None else (main, info)
 
 
-# A shorter reduction keeps one vector a row: ResNet-50's 1x1 64 -> 256 conv at 56x56 with its residual
-# add ran 2.90 ms (x3) as 1 x 8 and 4.07 as 2 x 4, where its 3x3 64-channel conv (576 long) ran 5.72 and
-# 5.00 (AMD EPYC Zen 3, AVX2).
-MIN_OUTER_TILE_REDUCTION = 256
-
-
-def _outer_tile(info: _ContractionInfo, lanes: int, nr: int, mr: int, budget: int) -> tuple[int, int]:
-    """``(ov, mr)``: ``ov`` of ``info.outer`` by ``mr`` of the register-blocked axis, when the vector tile is
-    one vector (a channel-blocked conv: ``ov`` output channel blocks by ``mr`` output columns).
-
-    Each step of the reduction loads ``ov`` vectors (weights, from L2 when they outgrow L1) and broadcasts
-    ``mr`` values for ``ov * mr`` FMAs. The step's cycles are estimated as the most of: the FMAs over two
-    ports, the loads over two ports, an FMA's latency of 4 (each accumulator gets one FMA a step), and
-    one cycle per weight vector (L2 to L1): MLAS's AVX2 NCHWc kernel runs 4 x 3 or 3 x 4 tiles. The tile
-    with the best estimate wins; on a tie, the one reusing each weight vector most. ResNet-50 at 1x3x224x224
-    ran 71.6 ms with one vector a row and 66.6 with these (AMD EPYC Zen 3, AVX2).
-    """
-    reduction = product_of(info.extents[p] for p in info.reduce)
-    if info.outer is None or nr != lanes or info.reg is None or info.reg in info.symbolic:
-        return 1, mr
-    if reduction < MIN_OUTER_TILE_REDUCTION:
-        return 1, mr
-    best = (0.0, 0, 0, 1, mr)
-    for rows in range(1, budget + 1):
-        if info.extents[info.reg] % rows:
-            continue
-        for ov in range(1, budget // rows + 1):
-            if info.extents[info.outer] % ov:
-                continue
-            fmas = ov * rows / 2
-            efficiency = fmas / max(fmas, (ov + rows) / 2, 4.0, float(ov))
-            best = max(best, (round(efficiency, 3), rows, ov * rows, ov, rows))
-    return best[3], best[4]
-
-
-def _tile_sizes(info: _ContractionInfo, lanes: int, accumulators: int) -> tuple[int, int]:
-    """Register tile: ``mr`` rows of the register-blocked axis by ``nr`` lanes of the vector axis.
-
-    ``nr`` is a power-of-two number of vectors (or a part of one): LLVM spills odd-sized
-    vectors (48 lanes ran 3x slower than 32 in a depthwise conv). A symbolic axis
-    needs no divisor (its tail is peeled, or padded away): whole vectors, and the full
-    budget of rows, or a divisor of what a padded axis is a multiple of.
-    """
-    n = info.extents[info.vec]
-    if info.vec in info.symbolic:  # a width padded to whole tiles (see legalize.py) splits without a tail
-        multiple = info.multiple.get(info.vec, 1)
-        nr = next((t for t in (lanes * 2, lanes) if multiple % t == 0), symbolic_tile(n, lanes))
-    else:
-        nr = pick_factor(n, [lanes * 2, lanes, lanes * 4, lanes // 2, lanes // 4]) or 1
-    if info.reg is None:
-        return 1, nr
-    vectors = max(1, -(-nr // lanes))
-    budget = max(1, (accumulators if info.reuse else ACCUMULATOR_VECTORS_NO_REUSE) // vectors)
-    if info.reg in info.symbolic:
-        multiple = info.multiple.get(info.reg, 1)
-        if multiple > 1:
-            return pick_factor(multiple, list(range(budget, 0, -1))) or 1, nr
-        return max(1, min(budget, info.extents[info.reg])), nr
-    return pick_factor(info.extents[info.reg], list(range(budget, 0, -1))) or 1, nr
-
-
-def _plain_iters(sch: s_tir.Schedule, main: SBlockRV, producer: str, info: _ContractionInfo) -> list[int]:
+def _plain_iters(sch: s_tir.Schedule, main: SBlockRV, producer: str, info: ContractionInfo) -> list[int]:
     """Spatial iters that alone index a dimension of ``producer`` (batch; channel of a depthwise conv)."""
     stmt = sch.get(main)
     regions = [r for r in stmt.reads if r.source.name == producer]

@@ -1,0 +1,85 @@
+"""A contraction's register tile: what the contraction rule analyzed (its iters' roles) and how many of
+each iter the tile holds, planned from the target's vector unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .base import ACCUMULATOR_VECTORS_NO_REUSE, pick_factor, product_of, symbolic_tile
+
+
+@dataclass
+class ContractionInfo:
+    spatial: list[int]  # positions of the spatial iters in the block's iter list
+    reduce: list[int]
+    vec: int  # the vectorized iter: innermost non-unit output axis
+    reg: int | None  # the register-blocked iter
+    reuse: bool  # whether the vector-loaded operands are shared across ``reg``
+    extents: list[int]  # a symbolic extent at its largest value
+    symbolic: frozenset[int] = frozenset()  # iters whose extent is symbolic
+    multiple: dict[int, int] = field(default_factory=dict)  # a symbolic extent -> a number it is a multiple of
+    # An iter the vector-loaded operands use and the broadcast ones do not (a channel-blocked conv's output
+    # channel block): unrolled beside ``reg`` where the vector axis is one vector, so that each broadcast
+    # value feeds several vector FMAs.
+    outer: int | None = None
+
+
+# A shorter reduction keeps one vector a row: ResNet-50's 1x1 64 -> 256 conv at 56x56 with its residual
+# add ran 2.90 ms (x3) as 1 x 8 and 4.07 as 2 x 4, where its 3x3 64-channel conv (576 long) ran 5.72 and
+# 5.00 (AMD EPYC Zen 3, AVX2).
+MIN_OUTER_TILE_REDUCTION = 256
+
+
+def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, budget: int) -> tuple[int, int]:
+    """``(ov, mr)``: ``ov`` of ``info.outer`` by ``mr`` of the register-blocked axis, when the vector tile is
+    one vector (a channel-blocked conv: ``ov`` output channel blocks by ``mr`` output columns).
+
+    Each step of the reduction loads ``ov`` vectors (weights, from L2 when they outgrow L1) and broadcasts
+    ``mr`` values for ``ov * mr`` FMAs. The step's cycles are estimated as the most of: the FMAs over two
+    ports, the loads over two ports, an FMA's latency of 4 (each accumulator gets one FMA a step), and
+    one cycle per weight vector (L2 to L1): MLAS's AVX2 NCHWc kernel runs 4 x 3 or 3 x 4 tiles. The tile
+    with the best estimate wins; on a tie, the one reusing each weight vector most. ResNet-50 at 1x3x224x224
+    ran 71.6 ms with one vector a row and 66.6 with these (AMD EPYC Zen 3, AVX2).
+    """
+    reduction = product_of(info.extents[p] for p in info.reduce)
+    if info.outer is None or nr != lanes or info.reg is None or info.reg in info.symbolic:
+        return 1, mr
+    if reduction < MIN_OUTER_TILE_REDUCTION:
+        return 1, mr
+    best = (0.0, 0, 0, 1, mr)
+    for rows in range(1, budget + 1):
+        if info.extents[info.reg] % rows:
+            continue
+        for ov in range(1, budget // rows + 1):
+            if info.extents[info.outer] % ov:
+                continue
+            fmas = ov * rows / 2
+            efficiency = fmas / max(fmas, (ov + rows) / 2, 4.0, float(ov))
+            best = max(best, (round(efficiency, 3), rows, ov * rows, ov, rows))
+    return best[3], best[4]
+
+
+def tile_sizes(info: ContractionInfo, lanes: int, accumulators: int) -> tuple[int, int]:
+    """Register tile: ``mr`` rows of the register-blocked axis by ``nr`` lanes of the vector axis.
+
+    ``nr`` is a power-of-two number of vectors (or a part of one): LLVM spills odd-sized
+    vectors (48 lanes ran 3x slower than 32 in a depthwise conv). A symbolic axis
+    needs no divisor (its tail is peeled, or padded away): whole vectors, and the full
+    budget of rows, or a divisor of what a padded axis is a multiple of.
+    """
+    n = info.extents[info.vec]
+    if info.vec in info.symbolic:  # a width padded to whole tiles (see legalize.py) splits without a tail
+        multiple = info.multiple.get(info.vec, 1)
+        nr = next((t for t in (lanes * 2, lanes) if multiple % t == 0), symbolic_tile(n, lanes))
+    else:
+        nr = pick_factor(n, [lanes * 2, lanes, lanes * 4, lanes // 2, lanes // 4]) or 1
+    if info.reg is None:
+        return 1, nr
+    vectors = max(1, -(-nr // lanes))
+    budget = max(1, (accumulators if info.reuse else ACCUMULATOR_VECTORS_NO_REUSE) // vectors)
+    if info.reg in info.symbolic:
+        multiple = info.multiple.get(info.reg, 1)
+        if multiple > 1:
+            return pick_factor(multiple, list(range(budget, 0, -1))) or 1, nr
+        return max(1, min(budget, info.extents[info.reg])), nr
+    return pick_factor(info.extents[info.reg], list(range(budget, 0, -1))) or 1, nr
