@@ -62,7 +62,13 @@ def test_a_kernel_wrong_on_real_inputs_is_demoted_by_a_shadow_check(tmp_path):
             assert sampled == 1 and sent <= 100, (sampled, sent)
             assert demoted["reason"].startswith("shadow check: output 'y' differed by 55 on a served request; tvm")
             assert list(demoted["demoted"]) == [demoted["kernel"]]
-            assert metric_value(text, "jitserve_shadow_demotions_total", model="sat") == 1
+            # Counted right after the bucket shows the demotion (the shadow thread demotes, then counts).
+            wait_until(
+                lambda: metric_value(client.get("/metrics").text, "jitserve_shadow_demotions_total", model="sat") == 1,
+                timeout=5,
+                interval=0.05,
+                what="the demotion's count",
+            )
             assert metric_value(text, "jitserve_shadow_checks_total", model="sat", outcome="match") >= 5
             answer = predict(client, "sat", pixels)
             assert answer["engine"] == "onnxruntime"
