@@ -107,24 +107,31 @@ def _dead_taps_dropped(call: relax.Call) -> relax.Expr:
     )  # fmt: skip
 
 
-_REWRITES = {"relax.clip": _clip_as_min_max, "relax.split": _split_as_slices, "relax.nn.conv2d": _dead_taps_dropped}
+# Run on every CPU model: dead taps cost work in any layout.
+_ALWAYS = {"relax.nn.conv2d": _dead_taps_dropped}
+# Run only on a model about to be blocked: they exist for ConvertLayout's sake.
+_FOR_BLOCKING = {"relax.clip": _clip_as_min_max, "relax.split": _split_as_slices}
 
 
 @relax.expr_functor.mutator
-class _BeforeConvertLayout(relax.PyExprMutator):
-    """The rewrites above, in one walk over the function."""
+class _Rewrite(relax.PyExprMutator):
+    """Each call whose op has a rewrite in ``rewrites``, rewritten, in one walk over the function."""
+
+    def __init__(self, mod: tvm.ir.IRModule, rewrites: dict) -> None:
+        super().__init__(mod)
+        self.rewrites = rewrites
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        rewrite = _REWRITES.get(getattr(call.op, "name", ""))
+        rewrite = self.rewrites.get(getattr(call.op, "name", ""))
         return rewrite(call) if rewrite is not None else call
 
 
-@tvm.transform.module_pass(opt_level=0, name="jitserve_before_convert_layout")
-def before_convert_layout(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-    for g_var, func in mod.functions_items():
+def _rewritten(mod: tvm.ir.IRModule, rewrites: dict) -> tvm.ir.IRModule:
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for g_var, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
-            mod[g_var] = _BeforeConvertLayout(mod).visit_expr(func)
+            mod[g_var] = _Rewrite(mod, rewrites).visit_expr(func)
     return mod
 
 
@@ -205,10 +212,12 @@ def channel_block_passes(target: tvm.target.Target) -> list:
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        mod = _rewritten(mod, _ALWAYS)
         if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()] or not blocks_pay(mod["main"], block):
             return mod
         try:
-            blocked = relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(mod))
+            prepared = _rewritten(mod, _FOR_BLOCKING)
+            blocked = relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(prepared))
         except Exception:  # noqa: BLE001 - TVM raises InternalError, ValueError, TypeError...; NCHW is always sound
             # An op whose layout rule refuses the blocked layout (Magika's: "Invalid SLayout: can't find S
             # in source layout ABC"): the model keeps NCHW, as it compiled before, rather than failing.
@@ -217,4 +226,4 @@ def channel_block_passes(target: tvm.target.Target) -> list:
         # second copy of its weights in memory (2x jitserve_weights_bytes), for no measured gain.
         return relax.transform.LiftTransformParams()(relax.transform.FoldConstant()(blocked))
 
-    return [before_convert_layout, convert]
+    return [convert]
