@@ -7,6 +7,8 @@ whose scheduling primitive fails, returns ``None``: the function then stays
 naive but correct. Schedule primitives check their own preconditions, so a
 schedule that applies computes what the naive loops compute.
 
+- :class:`Gemv` -- a contraction with one output row (a classifier at
+  batch 1), its reduction summed in interleaved parts.
 - :class:`Contraction` -- matmul, batch matmul, conv2d (incl. depthwise and
   padded), pooling, each with its fused producers and epilogue.
 - :class:`RowReduction` -- softmax, layer norm, mean / global pooling, GEMV:
@@ -27,12 +29,14 @@ from __future__ import annotations
 
 from .base import SymbolicBounds
 from .contraction import Contraction
+from .gemv import Gemv
 from .injective import Injective
 from .math import vectorizable_math_pass
 from .reduction import RowReduction
 
 __all__ = [
     "Contraction",
+    "Gemv",
     "Injective",
     "RowReduction",
     "SymbolicBounds",
@@ -48,4 +52,5 @@ def default_cpu_rules(symbolic_bounds: SymbolicBounds | None = None) -> list:
     dlight's own ``cpu.GEMV`` and ``cpu.Reduction`` made PP-OCR cls 3x slower
     than no rules at all (measured: 3.9x -> 11.5x of ONNX Runtime at batch 1).
     """
-    return [Contraction(symbolic_bounds), RowReduction(symbolic_bounds), Injective(symbolic_bounds)]
+    rules = (Gemv, Contraction, RowReduction, Injective)
+    return [rule(symbolic_bounds) for rule in rules]

@@ -139,16 +139,17 @@ def _pointwise_model(width: int = 20, channels: int = 12) -> bytes:
     return _model(nodes, ["batch", channels, 20, width], ["batch", channels, 20, width], weights)
 
 
-def _blocked_conv_model(group: int = 1) -> bytes:
+def _blocked_conv_model(group: int = 1, channels: int = 32) -> bytes:
     """Relu(Conv3x3(x) + b + x), 32 -> 32 channels on a 14x14 map (its rows fill no two vectors): a
     channel-blocked conv, with the residual add in its epilogue; ``group=32``: depthwise."""
+    c = channels
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=group),
         helper.make_node("Add", ["t", "x"], ["s"]),
         helper.make_node("Relu", ["s"], ["y"]),
     ]
-    weights = [_const("w", (32, 32 // group, 3, 3), 0.1), _const("b", (32,))]
-    return _model(nodes, ["batch", 32, 14, 14], ["batch", 32, 14, 14], weights)
+    weights = [_const("w", (c, c // group, 3, 3), 0.1), _const("b", (c,))]
+    return _model(nodes, ["batch", c, 14, 14], ["batch", c, 14, 14], weights)
 
 
 # (model, bucket, {kernel name fragment: rule expected to schedule it})
@@ -156,6 +157,7 @@ CASES = {
     "elementwise": (_elementwise_model, {"x": (2, 6, 40)}, {"erf": "Injective"}),
     "matmul_bias_relu": (_matmul_model, {"x": (2, 16, 64)}, {"matmul": "Contraction"}),
     "matmul_padded_axis": (lambda: _matmul_model(32, 50), {"x": (1, 16, 32)}, {"matmul": "Contraction"}),
+    "classifier_gemv": (lambda: _matmul_model(256, 40, rows=1), {"x": (1, 1, 256)}, {"matmul": "Gemv"}),
     "conv_bn_relu": (_conv_bn_relu_model, {"x": (1, 8, 12, 32)}, {"conv2d": "Contraction"}),
     "depthwise_conv": (_depthwise_model, {"x": (2, 8, 6, 32)}, {"conv2d": "Contraction"}),
     "upsampling_conv_transpose": (
@@ -243,6 +245,30 @@ def test_large_matmul_runs_in_parallel():
     rule, script = _first_match(next(f for n, f in kernels.items() if "matmul" in n))
     assert rule == "Contraction"
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
+
+
+def test_gemv_sums_the_reduction_in_interleaved_parts_and_runs_a_large_matrix_in_parallel():
+    """One output row: the reduction's parts accumulate apart (an rfactor block) and fold per column tile;
+    a matrix past 1 MiB is split over the cores."""
+    for k, n, parallel in ((1024, 256, True), (256, 40, False)):
+        kernels = _fused_kernels(_matmul_model(k, n, rows=1), {"x": (1, 1, k)})
+        rule, script = _first_match(next(f for name, f in kernels.items() if "matmul" in name))
+        assert rule == "Gemv"
+        assert 'sblock("matmul_rf_update")' in script and "T.vectorized" in script
+        assert ("T.parallel" in script) == parallel
+
+
+def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chunks_per_row():
+    """ResNet-50's 3x3 256-channel conv on its 14x14 map: a tile of 4 channel blocks reads 295 KB of
+    weights, so the input channel blocks go outermost and the row's column tiles share each chunk."""
+    kernels = _fused_kernels(_blocked_conv_model(channels=256), {"x": (1, 256, 14, 14)}, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
+    rule, script = _first_match(func)
+    assert rule == "Contraction"
+    reduction = next(line for line in script.splitlines() if "for rco_0, x_0, rco_1" in line)
+    assert "T.grid(T.int64(32), T.int64(7)" in reduction, reduction  # 32 channel blocks, 7 column tiles
+    fmas, stack = _fma_loop_stack_traffic(func, "haswell")
+    assert fmas >= 8 and stack == 0, (fmas, stack)  # the row buffer's tile stays in registers
 
 
 def test_default_schedule_pass_marks_every_kernel_scheduled_and_records_by_what():
