@@ -23,6 +23,10 @@ has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 # multiply-adds (contractions). A parallel launch costs ~3 us with two TVM threads.
 PARALLEL_MIN_ELEMENTS = 1 << 20
 PARALLEL_MIN_MACS = 1 << 22
+# A contraction without register reuse (depthwise conv, pooling) runs at a load per FMA, 4-8x slower a
+# MAC: EfficientNet-B0 at batch 1 ran 15.0 ms with its depthwise convs parallel past 4M MACs, 13.4 past
+# 1M and 13.1 past 256K (AMD EPYC Zen 3, AVX2).
+PARALLEL_MIN_MACS_NO_REUSE = 1 << 18
 # Register tile budget of a contraction when the tile's rows do not share vector loads
 # (depthwise conv, pooling; 4 measured best). With reuse the budget is the register file's
 # (see VectorUnit.accumulators).

@@ -13,6 +13,7 @@ from .base import (
     MAX_UNROLLED_COPIES,
     PARALLEL_MIN_ELEMENTS,
     PARALLEL_MIN_MACS,
+    PARALLEL_MIN_MACS_NO_REUSE,
     LoopRV,
     SafeRule,
     SBlockRV,
@@ -190,7 +191,8 @@ class Contraction(SafeRule):
             sch.reorder(*first, *second, *reduce_loops, *inner)
         fused = sch.fuse(*first) if len(first) > 1 else (first[0] if first else None)
         tile = second[-1] if second else fused
-        if fused is not None and product_of(info.extents) >= PARALLEL_MIN_MACS and (loop_bound(sch, fused) or 1) >= 2:
+        threshold = PARALLEL_MIN_MACS if info.reuse else PARALLEL_MIN_MACS_NO_REUSE
+        if fused is not None and product_of(info.extents) >= threshold and (loop_bound(sch, fused) or 1) >= 2:
             sch.parallel(fused)
 
         # The tile accumulates in a local buffer; the epilogue (or a write-back) reads it per tile.

@@ -24,10 +24,11 @@ class ContractionInfo:
     outer: int | None = None
 
 
-# A shorter reduction keeps one vector a row: ResNet-50's 1x1 64 -> 256 conv at 56x56 with its residual
-# add ran 2.90 ms (x3) as 1 x 8 and 4.07 as 2 x 4, where its 3x3 64-channel conv (576 long) ran 5.72 and
-# 5.00 (AMD EPYC Zen 3, AVX2).
-MIN_OUTER_TILE_REDUCTION = 256
+# A shorter reduction keeps one vector a row. It was 256 while each tile streamed its weights from L2
+# (ResNet-50's 1x1 64 -> 256 conv at 56x56 ran 2.90 ms (x3) as 1 x 8 and 4.07 as 2 x 4); with the weights
+# chunked into L1 (contraction.py), 32 made MobileNetV3 4% and EfficientNet-B0 5% faster at batch 1 and
+# no zoo or PP-OCR model slower (AMD EPYC Zen 3, AVX2).
+MIN_OUTER_TILE_REDUCTION = 32
 
 
 def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, budget: int) -> tuple[int, int]:
