@@ -36,7 +36,7 @@ from .base import (
     vectorize_innermost,
     whole_vector_tile,
 )
-from .register_tile import ContractionInfo, outer_tile, tile_sizes
+from .register_tile import ContractionInfo, outer_tile, padded_rows, tile_sizes
 
 # A packed weight panel lives on a worker thread's stack: K x nr floats at most this size.
 MAX_PANEL_BYTES = 512 * 1024
@@ -107,12 +107,13 @@ class Contraction(SafeRule):
         symbolic_vec = info.vec in info.symbolic
         symbolic_reg = info.reg is not None and info.reg in info.symbolic
         ragged = not symbolic_vec and n > lanes and whole_vector_tile(n, lanes) is None
-        if allow_pad and (symbolic_vec or symbolic_reg or ragged):
+        rows = padded_rows(info, lanes, unit.accumulators)
+        if allow_pad and (symbolic_vec or symbolic_reg or ragged or rows):
             mr, nr = tile_sizes(info, lanes, unit.accumulators)
             padding = [1] * len(info.extents)
             padding[info.vec] = nr if symbolic_vec else lanes if ragged else 1
-            if symbolic_reg:
-                padding[info.reg] = mr
+            if symbolic_reg or rows:
+                padding[info.reg] = rows or mr
             sch.pad_einsum(main, padding)
             names = block_names(sch)
             after = names[names.index(main_name) + 1 :]
@@ -138,8 +139,9 @@ class Contraction(SafeRule):
 
         # A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile.
         packed = None
-        if not producers and not info.symbolic and ov == 1:
+        if not info.symbolic and ov == 1:  # a padded matmul's producers pad its rows, not the panel's operand
             packed = _packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
+            packed = None if packed in producers else packed
 
         loops = sch.get_loops(main)
         first: list[LoopRV] = []  # fused and parallel

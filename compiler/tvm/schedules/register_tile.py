@@ -60,6 +60,27 @@ def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, budget: int)
     return best[3], best[4]
 
 
+# A padded row tile may compute at most this share of rows past the extent.
+MAX_ROW_PADDING = 0.15
+
+
+def padded_rows(info: ContractionInfo, lanes: int, accumulators: int) -> int | None:
+    """Rows of a register tile the register-blocked axis is padded to whole tiles of, when none of its
+    divisors fills half the budget (ConvNeXt's 7x7 stage: 49 rows ran as 1 x 16, at an FMA's latency);
+    ``None`` when a divisor does, or padding would waste more than ``MAX_ROW_PADDING``. Matmuls only: a
+    channel-blocked conv's tile is filled by its output channel blocks."""
+    if info.reg is None or not info.reuse or info.outer is not None or info.reg in info.symbolic:
+        return None
+    mr, nr = tile_sizes(info, lanes, accumulators)
+    budget = max(1, accumulators // max(1, -(-nr // lanes)))
+    extent = info.extents[info.reg]
+    if extent <= budget or 2 * mr > budget:
+        return None
+    padded = {rows: -(-extent // rows) * rows for rows in range(budget // 2 + 1, budget + 1)}
+    rows = min(padded, key=lambda r: (padded[r], -r))
+    return rows if padded[rows] <= extent * (1 + MAX_ROW_PADDING) else None
+
+
 def tile_sizes(info: ContractionInfo, lanes: int, accumulators: int) -> tuple[int, int]:
     """Register tile: ``mr`` rows of the register-blocked axis by ``nr`` lanes of the vector axis.
 

@@ -247,6 +247,21 @@ def test_large_matmul_runs_in_parallel():
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
 
 
+def test_matmul_rows_with_no_divisor_to_fill_a_tile_are_padded_to_whole_tiles_and_verify(store):
+    """ConvNeXt's 7x7 stage: 49 rows, whose divisors give a 1-row tile on AVX2's 6-row budget, are
+    computed as 50 in 5-row tiles, the weight still packed into column panels; the model verifies."""
+    model = _matmul_model(256, 64, rows=49)
+    kernels = _fused_kernels(model, {"x": (1, 49, 256)}, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "matmul" in name)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
+    assert "matmul_intermediate_pad_local = T.sblock_alloc_buffer((T.int64(50), T.int64(64))" in script
+    assert "for i0_1 in T.unroll(T.int64(5))" in script
+    assert "param_0_local = T.sblock_alloc_buffer((T.int64(256), T.int64(64))" in script  # the packed panel
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 49, 256)}, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
 def test_gemv_sums_the_reduction_in_interleaved_parts_and_runs_a_large_matrix_in_parallel():
     """One output row: the reduction's parts accumulate apart (an rfactor block) and fold per column tile;
     a matrix past 1 MiB is split over the cores."""
