@@ -36,10 +36,9 @@ from .base import (
     vectorize_innermost,
     whole_vector_tile,
 )
+from .panel import packable_operand, panel_axes
 from .register_tile import ContractionInfo, outer_tile, padded_rows, tile_sizes
 
-# A packed weight panel lives on a worker thread's stack: K x nr floats at most this size.
-MAX_PANEL_BYTES = 512 * 1024
 # Weights one chunk of a channel-blocked conv's reduction may load: a quarter of a 32 KB L1, the rest
 # for the input rows and the accumulators. Chunked so, ResNet-50 at batch 1 ran 57.1 ms against 64.1,
 # DeepLabV3 22.4 against 28.2, no zoo or PP-OCR model slower (AMD EPYC Zen 3, AVX2; 16 KB chunks were
@@ -129,19 +128,21 @@ class Contraction(SafeRule):
         mr, nr = tile_sizes(info, lanes, unit.accumulators)
         ov, mr = outer_tile(info, lanes, nr, mr, unit.accumulators)
 
-        # A single pad indexed by plain (batch, channel) axes is computed per channel.
+        # A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile.
+        packed = None
+        if not info.symbolic and ov == 1:  # a padded matmul's producers pad its rows, not the panel's operand
+            packed = packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
+            packed = None if packed in producers else packed
+        panel_iters = panel_axes(sch.get(main), info, packed) if packed is not None else []
+
+        # A single pad indexed by plain (batch, channel) axes is computed per channel (not a padded matmul's
+        # rows: its column tiles are the parallel loop).
         per_channel: list[int] = []
-        if len(producers) == 1:
+        if len(producers) == 1 and packed is None:
             tiled = (info.vec, info.reg, info.outer)
             plain = [p for p in _plain_iters(sch, main, producers[0], info) if p not in tiled]
             if plain and product_of(info.extents[p] for p in plain) >= 2 * target_cores(target):
                 per_channel = plain
-
-        # A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile.
-        packed = None
-        if not info.symbolic and ov == 1:  # a padded matmul's producers pad its rows, not the panel's operand
-            packed = _packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
-            packed = None if packed in producers else packed
 
         loops = sch.get_loops(main)
         first: list[LoopRV] = []  # fused and parallel
@@ -152,7 +153,7 @@ class Contraction(SafeRule):
             if per_channel:
                 group = first if pos in per_channel else second
             else:
-                group = second if (packed is not None and pos == info.reg) else first
+                group = second if (packed is not None and pos not in panel_iters) else first
             symbolic = pos in info.symbolic
             split = split_symbolic if symbolic else _split_tile
             if symbolic and pos in (info.vec, info.reg):
@@ -229,7 +230,7 @@ class Contraction(SafeRule):
         if packed is not None:
             reads = [r.source.name for r in sch.get(main).reads]
             # On the stack: a workspace allocation per panel left the pool holding memory after a
-            # model's delete (+14 MB in the release test); _packable_operand caps the panel's size.
+            # model's delete (+14 MB in the release test); packable_operand caps the panel's size.
             panel = sch.cache_read(main, reads.index(packed), "local")
             sch.compute_at(panel, fused, preserve_unit_loops=True)
             vectorize_tile(sch, panel, fused)
@@ -321,46 +322,6 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> ContractionInf
     # for independent accumulators.
     before = [p for p in spatial if p < vec and extents[p] > 1]
     return ContractionInfo(spatial, reduce, vec, before[-1] if before else None, False, extents, symbolic, multiple)
-
-
-def _packable_operand(
-    sch: s_tir.Schedule, main: SBlockRV, info: ContractionInfo, mr: int, nr: int, *, cores: int
-) -> str | None:
-    """The buffer name of a matmul's streamed operand worth packing into column panels, else ``None``.
-
-    That operand (B of A @ B, vector-loaded along the output columns) is read K rows apart:
-    unpacked, each row tile re-streams it from L2 or beyond (rows 4 KB apart fall into one
-    L1 set). Packed per column tile, its K x nr panel is contiguous and every row tile reuses
-    it. Only plain matmuls (each index one iter, none the rows'), with row tiles to share a
-    panel and enough column tiles to keep every core busy.
-    """
-    if not info.reuse or info.reg is None or nr <= 1:
-        return None
-    stmt = sch.get(main)
-    iters = {iv.var: p for p, iv in enumerate(stmt.iter_vars)}
-    vec_var, reg_var = stmt.iter_vars[info.vec].var, stmt.iter_vars[info.reg].var
-    out = stmt.writes[0].source
-    for region in stmt.reads:
-        if region.source.same_as(out):
-            continue
-        dims = [vars_of(r.min) for r in region.region]
-        if not dims or vec_var not in dims[-1]:
-            continue
-        if any(len(d) != 1 or not d <= set(iters) or reg_var in d for d in dims):
-            return None
-        if not any(
-            int(r.extent) == 1 and iters[next(iter(d))] in info.reduce for r, d in zip(region.region, dims, strict=True)
-        ):
-            return None
-        reduce_extent = product_of(info.extents[p] for p in info.reduce)
-        if reduce_extent * nr * 4 > MAX_PANEL_BYTES:
-            return None
-        row_tiles = info.extents[info.reg] // mr
-        column_tiles = product_of(info.extents[p] for p in info.spatial if p not in (info.reg,)) // nr
-        if row_tiles < 2 or column_tiles < 2 * cores:
-            return None
-        return region.source.name
-    return None
 
 
 def main_contraction(sch: s_tir.Schedule, main_name: str) -> tuple[SBlockRV, ContractionInfo] | None:
