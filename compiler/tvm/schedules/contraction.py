@@ -178,6 +178,7 @@ class Contraction(SafeRule):
                 group.append(loop)
         reduce_loops = [loops[p] for p in info.reduce]
         inner = [x for x in (outer_inner, reg_inner, vec_inner) if x is not None]
+        row_copies = MAX_UNROLLED_COPIES
         # A weight slice too large for L1: the tile's columns move inside a chunk of the reduction.
         chunk = _reduction_chunk(info, ov, lanes) if ov > 1 and reg_outer in first else None
         if chunk is not None:
@@ -190,6 +191,7 @@ class Contraction(SafeRule):
                 rest = reduce_loops[1:]
             sch.reorder(*first, *second, head, reg_outer, *rest, *inner)
             reduce_loops = [head]
+            row_copies = ov * mr  # the init and epilogue of a row of tiles: unrolled one tile at a time
         else:
             sch.reorder(*first, *second, *reduce_loops, *inner)
         fused = sch.fuse(*first) if len(first) > 1 else (first[0] if first else None)
@@ -206,7 +208,7 @@ class Contraction(SafeRule):
             epilogue = sch.cache_write(main, 0, "local")
         if tile is not None:
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
-            vectorize_tile(sch, epilogue, tile)
+            vectorize_tile(sch, epilogue, tile, max_copies=row_copies)
         if info.vec in info.symbolic and info.multiple.get(info.vec, 1) > 1 and info.multiple[info.vec] % nr:
             # A k * W width (a detector's level, not padded: see legalize.py) whose last tile may be a guarded
             # tail: its accumulators are indexed within the tile, or the guard keeps the local buffer from
@@ -225,7 +227,7 @@ class Contraction(SafeRule):
                 sch.unroll(inner)
         if nr > 1:
             sch.vectorize(vec_inner)
-        vectorize_tile(sch, sch.decompose_reduction(main, reduce_loops[0]), tile)
+        vectorize_tile(sch, sch.decompose_reduction(main, reduce_loops[0]), tile, max_copies=row_copies)
 
         if packed is not None:
             reads = [r.source.name for r in sch.get(main).reads]
@@ -386,7 +388,13 @@ def _schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> Non
     vectorize_innermost(sch, block, lanes, parallel)
 
 
-def vectorize_tile(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV | None, lanes: int | None = None) -> None:
+def vectorize_tile(
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    tile: LoopRV | None,
+    lanes: int | None = None,
+    max_copies: int = MAX_UNROLLED_COPIES,
+) -> None:
     """The loops of ``block`` under ``tile``: vectorize the innermost, unroll the others. A symbolic
     innermost loop (a per-channel pad of a symbolic width) is vectorized in ``lanes``, its tail peeled."""
     loops = sch.get_loops(block)
@@ -401,7 +409,7 @@ def vectorize_tile(sch: s_tir.Schedule, block: SBlockRV, tile: LoopRV | None, la
     for loop in reversed(loops[:-1]):
         extent = loop_extent(sch, loop) or 1
         if extent > 1:
-            if copies * extent > MAX_UNROLLED_COPIES:
+            if copies * extent > max_copies:
                 break
             sch.unroll(loop)
             copies *= extent
