@@ -132,7 +132,8 @@ class Contraction(SafeRule):
         packed = None
         if not info.symbolic and ov == 1:  # a padded matmul's producers pad its rows, not the panel's operand
             packed = packable_operand(sch, main, info, mr, nr, cores=target_cores(target))
-            packed = None if packed in producers else packed
+            produced = {sch.get(sch.get_sblock(name)).writes[0].source.name for name in producers}
+            packed = None if packed in produced else packed
         panel_iters = panel_axes(sch.get(main), info, packed) if packed is not None else []
 
         # A single pad indexed by plain (batch, channel) axes is computed per channel (not a padded matmul's

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from .base import (
     SafeRule,
@@ -43,6 +41,9 @@ class Gemv(SafeRule):
         reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
         if len(reductions) != 1 or any(has_if_then_else(sch.get(b)) for b in root_blocks(sch)):
             return None
+        shape = sch.get(reductions[0]).writes[0].source.shape
+        if sum(1 for dim in shape if not (isinstance(dim, tirx.IntImm) and int(dim) == 1)) != 1:
+            return None  # not one output row (or a symbolic one): known before inlining anything
         main_name = sch.get(reductions[0]).name_hint
         inline_injective(sch)
         if block_names(sch).index(main_name) != 0:  # a producer left is not a plain copy
@@ -93,7 +94,6 @@ class Gemv(SafeRule):
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             vectorize_tile(sch, epilogue, tile)
         sch.vectorize(column)
-        with contextlib.suppress(Exception):
-            sch.unroll(fold_part)
+        sch.unroll(fold_part)
         vectorize_tile(sch, sch.decompose_reduction(main, fold_part), tile)
         return sch
