@@ -45,6 +45,13 @@ class _Net:
             pads=[pad] * 4, group=group, dilations=[dilation, dilation],
         )  # fmt: skip
 
+    def batch_norm(self, x: str, channels: int) -> str:
+        """An inference BatchNormalization with non-trivial statistics (DenseNet's pre-activation norm,
+        which no conv in front of it absorbs)."""
+        scale, bias, mean = (self.rng.standard_normal(channels).astype(np.float32) for _ in range(3))
+        var = self.rng.uniform(0.5, 2.0, channels).astype(np.float32)
+        return self.op("BatchNormalization", x, *(self.constant(a) for a in (scale, bias, mean, var)), epsilon=1e-3)
+
     def silu(self, x: str) -> str:
         return self.op("Mul", x, self.op("Sigmoid", x))
 
@@ -98,13 +105,13 @@ def mobile_model(width: int = 16) -> bytes:
 
 
 def branches_model(width: int = 16) -> bytes:
-    """ResNeXt's grouped 3x3 conv, DeepLab's dilated one, DenseNet's concat and average pool, and a
-    2x nearest resize back up to a segmentation head's size."""
+    """ResNeXt's grouped 3x3 conv, DeepLab's dilated one, DenseNet's concat, pre-activation norm and
+    average pool, and a 2x nearest resize back up to a segmentation head's size."""
     n = _Net(23)
     x = n.op("Relu", n.conv("x", 3, 2 * width, 3, stride=2))
     grouped = n.op("Relu", n.conv(x, 2 * width, 2 * width, 3, group=4))
     dilated = n.op("Relu", n.conv(x, 2 * width, width, 3, dilation=2))
-    joined = n.op("Concat", grouped, dilated, axis=1)
+    joined = n.op("Relu", n.batch_norm(n.op("Concat", grouped, dilated, axis=1), 3 * width))
     pooled = n.op("AveragePool", joined, kernel_shape=[2, 2], strides=[2, 2])
     head = n.conv(n.op("Relu", n.conv(pooled, 3 * width, width, 1)), width, 4, 1)
     scales = n.constant(np.array([1, 1, 2, 2], np.float32))

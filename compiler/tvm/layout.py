@@ -60,6 +60,30 @@ def _split_as_slices(call: relax.Call) -> relax.Expr:
     return relax.Tuple(parts)
 
 
+def _batch_norm_as_scale_shift(call: relax.Call) -> relax.Expr:
+    """Inference ``batch_norm`` over NCHW's channels as ``x * scale + shift``, where ``scale`` and
+    ``shift`` come from the weights alone (and are lifted out of the request): ConvertLayout carries no
+    blocked layout through ``batch_norm`` (its rule falls back to NCHW), and DenseNet's pre-activation
+    norms put two transforms of the whole concatenated map around each of its 58 layers."""
+    data, gamma, beta, mean, var = call.args
+    attrs = call.attrs
+    shape = _static(getattr(data.ty, "shape", None))
+    if bool(attrs.training) or shape is None or len(shape) != 4 or int(attrs.axis) != 1:
+        return call
+    dtype = data.ty.dtype
+    if dtype != "float32":
+        return call
+    channels = [1, shape[1], 1, 1]
+    scale = relax.op.rsqrt(relax.op.add(var, relax.const(float(attrs.epsilon), dtype)))
+    if bool(attrs.scale):
+        scale = relax.op.multiply(scale, gamma)
+    shift = relax.op.negative(relax.op.multiply(mean, scale))
+    if bool(attrs.center):
+        shift = relax.op.add(shift, beta)
+    out = relax.op.add(relax.op.multiply(data, relax.op.reshape(scale, channels)), relax.op.reshape(shift, channels))
+    return relax.Tuple([out, mean, var])
+
+
 def _static(shape) -> list[int] | None:
     dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
     if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
@@ -110,7 +134,11 @@ def _dead_taps_dropped(call: relax.Call) -> relax.Expr:
 # Run on every CPU model: dead taps cost work in any layout.
 _ALWAYS = {"relax.nn.conv2d": _dead_taps_dropped}
 # Run only on a model about to be blocked: they exist for ConvertLayout's sake.
-_FOR_BLOCKING = {"relax.clip": _clip_as_min_max, "relax.split": _split_as_slices}
+_FOR_BLOCKING = {
+    "relax.clip": _clip_as_min_max,
+    "relax.split": _split_as_slices,
+    "relax.nn.batch_norm": _batch_norm_as_scale_shift,
+}
 
 
 @relax.expr_functor.mutator

@@ -12,6 +12,7 @@ from compiler.build import compile_bucket
 from compiler.model import load_model
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
+from tests import convnets
 from tests.synthetic import make_model, value
 
 tvm = pytest.importorskip("tvm")
@@ -90,6 +91,26 @@ def test_live_taps_are_those_that_read_the_input_somewhere():
     assert live_taps((8, 4), 5, 1, 1, 0) == (0, 4)  # no padding: every tap is in
 
 
+def _calls_after_layout(model: bytes, bucket: dict) -> list[relax.Call]:
+    """The op calls of ``main`` after the layout stage, in order (the weights' work lifted out of it)."""
+    specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
+    mod = import_relax(specialized, bucket, {"x": "float32"})
+    target = tvm.target.Target(TARGET)
+    with target:
+        mod = tvm.transform.Sequential(dict(tuned_module_stages(target))["layout"])(mod)
+    bindings = [binding for block in mod["main"].body.blocks for binding in block.bindings]
+    return [b.value for b in bindings if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def test_a_pre_activation_batch_norm_keeps_the_blocked_layout():
+    """DenseNet's norm between a concat and a conv, as a scale and shift from the weights: ConvertLayout
+    carries no blocked layout through ``batch_norm``, which put two transforms of the map around it."""
+    ops = [call.op.name for call in _calls_after_layout(convnets.branches_model(), {"x": (2, 3, 56, 56)})]
+    assert "relax.nn.batch_norm" not in ops, ops
+    # The input's transform, and the one into the segmentation head's 4-channel conv, which stays NCHW.
+    assert ops.count("relax.layout_transform") == 2, ops
+
+
 def _aspp_model() -> bytes:
     """Concat of 3x3 convs with dilation 1, 2 and 8 (padding alike) over a 16-channel 6x6 map, then a
     Relu: dilation 8 reads the input with its centre tap alone."""
@@ -110,17 +131,8 @@ def _aspp_model() -> bytes:
 
 def test_a_dilated_conv_drops_the_taps_that_read_only_padding_and_still_verifies(tmp_path):
     model, bucket = _aspp_model(), {"x": (2, 16, 6, 6)}
-    specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
-    mod = import_relax(specialized, bucket, {"x": "float32"})
-    target = tvm.target.Target(TARGET)
-    with target:
-        layout = dict(tuned_module_stages(target))["layout"]
-        mod = tvm.transform.Sequential(layout)(mod)
-    kernels = []
-    for block in mod["main"].body.blocks:
-        kernels += [
-            b.value.args[1].ty.shape for b in block.bindings if getattr(b.value.op, "name", "") == "relax.nn.conv2d"
-        ]
+    calls = _calls_after_layout(model, bucket)
+    kernels = [call.args[1].ty.shape for call in calls if call.op.name == "relax.nn.conv2d"]
     taps = sorted((int(shape[2]), int(shape[3])) for shape in kernels)  # the blocked kernels' kh, kw
     assert taps == [(1, 1), (3, 3), (3, 3)], taps
     manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
