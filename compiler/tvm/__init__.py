@@ -15,4 +15,4 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # convs, stepped dynamic dims, symbolic maps flattened; 10: a conv whose padded input is read with a
 # stride gets its pad computed up front, where it was left to the row-reduction rule; 11: convs channel-blocked
 # on the CPU, weight transforms lifted out of the kernel).
-COMPILER_VERSION = "12"
+COMPILER_VERSION = "13"

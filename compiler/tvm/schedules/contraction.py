@@ -44,6 +44,10 @@ from .register_tile import ContractionInfo, outer_tile, padded_rows, tile_sizes
 # DeepLabV3 22.4 against 28.2, no zoo or PP-OCR model slower (AMD EPYC Zen 3, AVX2; 16 KB chunks were
 # up to 20% slower than 8 KB on single layers).
 L1_WEIGHT_BYTES = 8 * 1024
+# Reduction steps a chunk must give each accumulator, which it loads and stores once a chunk: a 1x1
+# conv over a prime count of input channel blocks (MobileNetV3's 184 channels: 23) got chunks of one
+# block, 8 steps, and ran 25% slower than streaming its weights from L2 (AMD EPYC Zen 3, AVX2).
+MIN_CHUNK_STEPS = 32
 
 
 class Contraction(SafeRule):
@@ -139,11 +143,19 @@ class Contraction(SafeRule):
         # A single pad indexed by plain (batch, channel) axes is computed per channel (not a padded matmul's
         # rows: its column tiles are the parallel loop).
         per_channel: list[int] = []
+        pad_rows = False
         if len(producers) == 1 and packed is None:
             tiled = (info.vec, info.reg, info.outer)
             plain = [p for p in _plain_iters(sch, main, producers[0], info) if p not in tiled]
             if plain and product_of(info.extents[p] for p in plain) >= 2 * target_cores(target):
                 per_channel = plain
+            elif len(plain) >= 2:
+                # A depthwise conv with too few channel blocks to share out (MobileNetV3's 16-channel
+                # 112x112 one: its pad was one serial pass over the map, 4.9x ONNX Runtime's time): the pad
+                # is computed per output row too, as the rows of taps that row reads.
+                rows = [p for p in info.spatial if p not in tiled and p not in plain and info.extents[p] > 1]
+                per_channel = plain + rows[:1] if rows else []
+                pad_rows = bool(rows)
 
         loops = sch.get_loops(main)
         first: list[LoopRV] = []  # fused and parallel
@@ -243,7 +255,7 @@ class Contraction(SafeRule):
                 # ResNet's downsample shortcut), and the pad is then computed once up front instead.
                 trial = sch.copy()
                 try:
-                    _pad_per_channel(trial, trial.get_sblock(name), fused, lanes)
+                    _pad_per_channel(trial, trial.get_sblock(name), fused, lanes, decompose=not pad_rows)
                 except s_tir.schedule.ScheduleError:
                     _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
                 else:
@@ -267,7 +279,12 @@ def _reduction_chunk(info: ContractionInfo, ov: int, lanes: int) -> int | None:
     head = info.extents[info.reduce[0]]
     if step * inner * head <= L1_WEIGHT_BYTES:
         return None
-    return max(d for d in range(1, head + 1) if head % d == 0 and (d == 1 or step * inner * d <= L1_WEIGHT_BYTES))
+    divisors = [d for d in range(1, head + 1) if head % d == 0]
+    chunk = max(d for d in divisors if d == 1 or step * inner * d <= L1_WEIGHT_BYTES)
+    if inner * chunk < MIN_CHUNK_STEPS:
+        # The shortest chunk that is long enough, or none where only the whole reduction is.
+        chunk = min(d for d in divisors if inner * d >= MIN_CHUNK_STEPS or d == head)
+    return None if chunk == head else chunk
 
 
 def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> ContractionInfo | None:
@@ -368,10 +385,15 @@ def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:
     return len(names) - names.index(main_name) - 1
 
 
-def _pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: int) -> None:
-    """The pad computed inside the parallel loop, for the channels each iteration reads."""
+def _pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: int, *, decompose: bool) -> None:
+    """The pad computed inside the parallel loop, for the channels (and rows) each iteration reads: a
+    zero fill and a copy of the interior, or (``decompose`` false) one pass whose bounds test is per
+    pixel, not per lane (decompose_padding refuses a few rows of taps, and they ran 30% faster so)."""
     sch.compute_at(block, fused, preserve_unit_loops=True)
     sch.set_scope(block, 0, "local")
+    if not decompose:
+        vectorize_tile(sch, block, fused, lanes)
+        return
     fill = sch.decompose_padding(block, sch.get_loops(block)[loop_depth(sch, fused)])
     vectorize_tile(sch, fill, fused, lanes)
     vectorize_tile(sch, block, fused, lanes)

@@ -59,8 +59,15 @@ class Gemv(SafeRule):
             return None
         if reduction < GEMV_MIN_REDUCTION or any(info.extents[p] > 1 for p in info.spatial if p != info.vec):
             return None
-        nr = pick_factor(columns, [lanes * 2, lanes]) or lanes
-        parts = pick_factor(reduction, [GEMV_ACCUMULATORS * lanes // nr, 4, 2])
+        # The widest column tile of whole cache lines (2, 4 or 8 vectors, at most GEMV_ACCUMULATORS), else
+        # of one vector: each reduction step reads it from a matrix row, and the reduction is split
+        # only to fill the rest of the accumulators. A matrix worth both cores keeps a tile for each.
+        least_tiles = target_cores(target) if columns * reduction * 4 >= GEMV_PARALLEL_MIN_BYTES else 1
+        fits = [v for v in (8, 4, 2, 1) if v <= GEMV_ACCUMULATORS and columns % (v * lanes) == 0]
+        vectors = next((v for v in fits if columns // (v * lanes) >= least_tiles), 1)
+        nr = vectors * lanes
+        wanted = -(-GEMV_ACCUMULATORS // vectors)
+        parts = pick_factor(reduction, [p for p in (wanted, 4, 2, 1) if p <= wanted])
         if parts is None:
             return None
         after = block_names(sch)[1:]

@@ -24,6 +24,7 @@ from tvm.s_tir import dlight as dl  # noqa: E402
 from compiler.tvm import schedules as cpu_schedules  # noqa: E402
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
 from compiler.tvm.pipeline import TUNING_RECORD, default_schedule_pass, tuned_module_stages  # noqa: E402
+from compiler.tvm.schedules.base import vector_lanes  # noqa: E402
 
 TARGET = resolve_target("llvm")
 RNG = np.random.default_rng(7)
@@ -139,7 +140,7 @@ def _pointwise_model(width: int = 20, channels: int = 12) -> bytes:
     return _model(nodes, ["batch", channels, 20, width], ["batch", channels, 20, width], weights)
 
 
-def _blocked_conv_model(group: int = 1, channels: int = 32) -> bytes:
+def _blocked_conv_model(group: int = 1, channels: int = 32, size: int = 14) -> bytes:
     """Relu(Conv3x3(x) + b + x), 32 -> 32 channels on a 14x14 map (its rows fill no two vectors): a
     channel-blocked conv, with the residual add in its epilogue; ``group=32``: depthwise."""
     c = channels
@@ -149,7 +150,7 @@ def _blocked_conv_model(group: int = 1, channels: int = 32) -> bytes:
         helper.make_node("Relu", ["s"], ["y"]),
     ]
     weights = [_const("w", (c, c // group, 3, 3), 0.1), _const("b", (c,))]
-    return _model(nodes, ["batch", c, 14, 14], ["batch", c, 14, 14], weights)
+    return _model(nodes, ["batch", c, size, size], ["batch", c, size, size], weights)
 
 
 # (model, bucket, {kernel name fragment: rule expected to schedule it})
@@ -171,6 +172,12 @@ CASES = {
     "channel_blocked_depthwise_conv": (
         lambda: _blocked_conv_model(group=32),
         {"x": (2, 32, 14, 14)},
+        {"conv2d_nchwc": "Contraction"},
+    ),
+    # Fewer channel blocks than twice the cores: its pad is computed per output row (as the rows it reads).
+    "channel_blocked_depthwise_conv_few_blocks": (
+        lambda: _blocked_conv_model(group=16, channels=16),
+        {"x": (1, 16, 14, 14)},
         {"conv2d_nchwc": "Contraction"},
     ),
     "softmax": (_softmax_model, {"x": (2, 8, 64)}, {"softmax": "RowReduction"}),
@@ -279,13 +286,35 @@ def test_a_matmul_over_a_map_packs_one_panel_per_column_tile_shared_by_every_row
 
 def test_gemv_sums_the_reduction_in_interleaved_parts_and_runs_a_large_matrix_in_parallel():
     """One output row: the reduction's parts accumulate apart (an rfactor block) and fold per column tile;
-    a matrix past 1 MiB is split over the cores."""
-    for k, n, parallel in ((1024, 256, True), (256, 40, False)):
+    a matrix past 1 MiB is split over the cores. A column tile is 8 vectors where the columns allow
+    (a matrix row read in whole cache lines: MobileNetV3's 960 x 1280 layer ran 2x faster than in 1-vector
+    tiles), else one vector with 8 interleaved parts."""
+    lanes = vector_lanes(tvm.target.Target(TARGET), "float32")
+    for k, n, parallel, columns in ((1024, 256, True, 8 * lanes), (256, 40, False, 8)):
         kernels = _fused_kernels(_matmul_model(k, n, rows=1), {"x": (1, 1, k)})
         rule, script = _first_match(next(f for name, f in kernels.items() if "matmul" in name))
         assert rule == "Gemv"
-        assert 'sblock("matmul_rf_update")' in script and "T.vectorized" in script
+        assert 'sblock("matmul_rf_update")' in script and f"T.vectorized(T.int64({columns}))" in script
         assert ("T.parallel" in script) == parallel
+
+
+def test_a_depthwise_conv_with_few_channel_blocks_pads_the_rows_of_taps_each_output_row_reads():
+    """MobileNetV3's 16-channel depthwise conv at 112x112, batch 1: two channel blocks cannot keep two
+    cores busy, so the parallel loop is channels x rows and each iteration pads the 3 rows it reads
+    (the whole padded map, one serial pass up front, took 4.9x ONNX Runtime's time)."""
+    model, lanes = (
+        _blocked_conv_model(group=16, channels=16, size=56),
+        vector_lanes(tvm.target.Target(TARGET), "float32"),
+    )
+    kernels = _fused_kernels(model, {"x": (1, 16, 56, 56)})
+    rule, script = _first_match(next(f for name, f in kernels.items() if "conv2d_nchwc" in name))
+    assert rule == "Contraction"
+    lines = script.splitlines()
+    parallel = next(i for i, line in enumerate(lines) if "T.parallel" in line)
+    assert f"T.parallel(T.int64({16 // lanes * 56}))" in lines[parallel], lines[parallel]  # channel blocks x rows
+    pad = next(i for i, line in enumerate(lines) if 'T.sblock("pad_temp")' in line)
+    assert pad > parallel and 'scope="local"' in next(line for line in lines if "pad_temp_local = " in line)
+    assert any(line.rstrip().endswith("T.int64(3)):") for line in lines[parallel:pad]), lines[parallel:pad]  # 3 rows
 
 
 def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chunks_per_row():
