@@ -317,6 +317,28 @@ def test_a_depthwise_conv_with_few_channel_blocks_pads_the_rows_of_taps_each_out
     assert any(line.rstrip().endswith("T.int64(3)):") for line in lines[parallel:pad]), lines[parallel:pad]  # 3 rows
 
 
+def test_gemv_over_columns_in_no_whole_cache_lines_takes_line_tiles_the_last_one_guarded():
+    """A 1000-class classifier on AVX2 (125 vectors of columns, no whole number of 64-byte lines): with a
+    large matrix its column tiles are a line each (2 vectors), the last tile guarded, and it still
+    computes x @ W + b right up to where the columns run out."""
+    from tvm.driver import build as tvm_build
+
+    k, n = 512, 1000
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    kernels = _fused_kernels(_matmul_model(k, n, rows=1), {"x": (1, 1, k)}, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "matmul" in name)
+    sch = cpu_schedules.Gemv().apply(func, target, False)
+    assert sch is not None
+    script = sch.mod["main"].script()
+    assert "T.vectorized(T.int64(16))" in script and "T.where" in script and "T.parallel(T.int64(63))" in script
+    lib = tvm_build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, k), (k, n), (n,)))
+    args = [tvm.runtime.tensor(a) for a in (x, w, b, np.zeros((1, n), np.float32))]
+    lib["main"](*args)  # the kernel: x @ W + b (the Relu is a kernel of its own)
+    np.testing.assert_allclose(args[-1].numpy(), x @ w + b, rtol=1e-4, atol=1e-4)
+
+
 def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chunks_per_row():
     """ResNet-50's 3x3 256-channel conv on its 14x14 map: a tile of 4 channel blocks reads 295 KB of
     weights, so the input channel blocks go outermost and the row's column tiles share each chunk."""
