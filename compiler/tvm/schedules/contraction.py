@@ -48,6 +48,10 @@ L1_WEIGHT_BYTES = 8 * 1024
 # conv over a prime count of input channel blocks (MobileNetV3's 184 channels: 23) got chunks of one
 # block, 8 steps, and ran 25% slower than streaming its weights from L2 (AMD EPYC Zen 3, AVX2).
 MIN_CHUNK_STEPS = 32
+# A depthwise conv's or pool's padded map per channel block past which its pad is computed per output
+# row instead: half of a 512 KB L2 (EfficientNet's 32-channel 112x112 depthwise conv, 416 KB a block:
+# 0.125 -> 0.086 ms per row; 108 KB ones ran 10-25% slower per row; AMD EPYC Zen 3, AVX2).
+PER_CHANNEL_PAD_BYTES = 256 * 1024
 
 
 class Contraction(SafeRule):
@@ -147,12 +151,15 @@ class Contraction(SafeRule):
         if len(producers) == 1 and packed is None:
             tiled = (info.vec, info.reg, info.outer)
             plain = [p for p in _plain_iters(sch, main, producers[0], info) if p not in tiled]
-            if plain and product_of(info.extents[p] for p in plain) >= 2 * target_cores(target):
+            shares = product_of(info.extents[p] for p in plain)
+            pad_bytes = total_elements(sch, sch.get_sblock(producers[0])) * 4 // max(1, shares)
+            if plain and shares >= 2 * target_cores(target) and pad_bytes <= PER_CHANNEL_PAD_BYTES:
                 per_channel = plain
             elif len(plain) >= 2:
-                # A depthwise conv with too few channel blocks to share out (MobileNetV3's 16-channel
-                # 112x112 one: its pad was one serial pass over the map, 4.9x ONNX Runtime's time): the pad
-                # is computed per output row too, as the rows of taps that row reads.
+                # A depthwise conv (or pool) with too few channel blocks to share out, or whose padded map
+                # per channel block outgrows L2 (MobileNetV3's 16-channel 112x112 one: its pad was one serial
+                # pass over the map, 4.9x ONNX Runtime's time): the pad is computed per output row too, as
+                # the rows of taps that row reads.
                 rows = [p for p in info.spatial if p not in tiled and p not in plain and info.extents[p] > 1]
                 per_channel = plain + rows[:1] if rows else []
                 pad_rows = bool(rows)

@@ -298,23 +298,27 @@ def test_gemv_sums_the_reduction_in_interleaved_parts_and_runs_a_large_matrix_in
         assert ("T.parallel" in script) == parallel
 
 
-def test_a_depthwise_conv_with_few_channel_blocks_pads_the_rows_of_taps_each_output_row_reads():
+@pytest.mark.parametrize(("channels", "size"), [(16, 56), (32, 100)], ids=["few-blocks", "large-map"])
+def test_a_depthwise_conv_with_few_channel_blocks_pads_the_rows_of_taps_each_output_row_reads(channels, size):
     """MobileNetV3's 16-channel depthwise conv at 112x112, batch 1: two channel blocks cannot keep two
     cores busy, so the parallel loop is channels x rows and each iteration pads the 3 rows it reads
-    (the whole padded map, one serial pass up front, took 4.9x ONNX Runtime's time)."""
+    (the whole padded map, one serial pass up front, took 4.9x ONNX Runtime's time). So too where a
+    block's padded map outgrows half of L2 (102 x 102 x 8 floats: 333 KB)."""
     model, lanes = (
-        _blocked_conv_model(group=16, channels=16, size=56),
+        _blocked_conv_model(group=channels, channels=channels, size=size),
         vector_lanes(tvm.target.Target(TARGET), "float32"),
     )
-    kernels = _fused_kernels(model, {"x": (1, 16, 56, 56)})
+    kernels = _fused_kernels(model, {"x": (1, channels, size, size)})
     rule, script = _first_match(next(f for name, f in kernels.items() if "conv2d_nchwc" in name))
     assert rule == "Contraction"
     lines = script.splitlines()
     parallel = next(i for i, line in enumerate(lines) if "T.parallel" in line)
-    assert f"T.parallel(T.int64({16 // lanes * 56}))" in lines[parallel], lines[parallel]  # channel blocks x rows
+    assert f"T.parallel(T.int64({channels // lanes * size}))" in lines[parallel], lines[
+        parallel
+    ]  # channel blocks x rows
     pad = next(i for i, line in enumerate(lines) if 'T.sblock("pad_temp")' in line)
     assert pad > parallel and 'scope="local"' in next(line for line in lines if "pad_temp_local = " in line)
-    assert any(line.rstrip().endswith("T.int64(3)):") for line in lines[parallel:pad]), lines[parallel:pad]  # 3 rows
+    assert any("T.int64(3)" in line for line in lines[parallel + 1 : pad]), lines[parallel:pad]  # 3 rows
 
 
 def test_gemv_over_columns_in_no_whole_cache_lines_takes_line_tiles_the_last_one_guarded():
