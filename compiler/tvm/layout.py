@@ -26,6 +26,7 @@ Runs in the compile child only (imports TVM).
 from __future__ import annotations
 
 import math
+import re
 
 import tvm
 from tvm import relax
@@ -131,8 +132,69 @@ def _dead_taps_dropped(call: relax.Call) -> relax.Expr:
     )  # fmt: skip
 
 
+def tap_bands(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, before: int) -> list[tuple]:
+    """The output positions along one axis in bands of equal live taps: ``(start, end, first, last)``,
+    where every position in [start, end) reads the input (not its zero padding) with taps first..last."""
+    size, out_size = sizes
+    bands: list[list[int]] = []
+    for y in range(out_size):
+        live = [t for t in range(kernel) if 0 <= y * stride + t * dilation - before < size]
+        taps = [live[0], live[-1]] if live else [0, -1]
+        if bands and bands[-1][2:] == taps:
+            bands[-1][1] = y + 1
+        else:
+            bands.append([y, y + 1, *taps])
+    return [tuple(band) for band in bands]
+
+
+# Below this share of a conv's multiply-accumulates reading the input (not its padding), it is computed
+# in bands (DeepLabV3's ASPP conv, 3x3 at dilation 12 on a 14x14 map: 18%).
+BANDED_MIN_WASTE = 0.5
+BANDED_MAX_BANDS = 3
+
+
+def _conv_in_bands(call: relax.Call) -> relax.Expr:
+    """A conv whose taps read mostly padding, as one conv per band of output rows x columns with the
+    taps that band reads and no padding, concatenated: DeepLabV3's dilation-12 ASPP conv computed its
+    nine taps over a 14x14 map where four in five read zeros (6.6 ms against 1.9 in ONNX Runtime, whose
+    kernels skip them)."""
+    attrs = call.attrs
+    # NCHW, or NCHW{b}c after blocking (ConvertLayout carries no slice of a blocked layout): H and W are
+    # axes 2 and 3 of the data, the kernel and the output alike.
+    layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+    if not re.fullmatch(r"NCHW(\d+c)?,OIHW(\d+i\d+o)?,NCHW(\d+c)?", ",".join(layouts)) or int(attrs.groups) != 1:
+        return call
+    data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
+    if data is None or weight is None or out is None:
+        return call
+    strides = [int(s) for s in call.attrs.strides]
+    dilation = [int(d) for d in call.attrs.dilation]
+    padding = [int(p) for p in call.attrs.padding]
+    bands = [tap_bands((data[2 + a], out[2 + a]), weight[2 + a], strides[a], dilation[a], padding[a]) for a in (0, 1)]
+    live = [sum((end - start) * (last - first + 1) for start, end, first, last in axis) for axis in bands]
+    if live[0] * live[1] >= BANDED_MIN_WASTE * out[2] * out[3] * weight[2] * weight[3]:
+        return call
+    if any(len(axis) > BANDED_MAX_BANDS or any(last < first for *_, first, last in axis) for axis in bands):
+        return call
+    rows = []
+    for y0, y1, ty0, ty1 in bands[0]:
+        columns = []
+        for x0, x1, tx0, tx1 in bands[1]:
+            begin = [y0 * strides[0] + ty0 * dilation[0] - padding[0], x0 * strides[1] + tx0 * dilation[1] - padding[1]]
+            end = [(y1 - 1) * strides[0] + ty1 * dilation[0] - padding[0] + 1,
+                   (x1 - 1) * strides[1] + tx1 * dilation[1] - padding[1] + 1]  # fmt: skip
+            taps = relax.op.strided_slice(call.args[1], [2, 3], [ty0, tx0], [ty1 + 1, tx1 + 1])
+            piece = relax.op.strided_slice(call.args[0], [2, 3], begin, end)
+            columns.append(relax.op.nn.conv2d(piece, taps, strides, [0, 0, 0, 0], dilation, 1, *layouts,
+                                              attrs.out_dtype or None))  # fmt: skip
+        rows.append(columns[0] if len(columns) == 1 else relax.op.concat(columns, axis=3))
+    return rows[0] if len(rows) == 1 else relax.op.concat(rows, axis=2)
+
+
 # Run on every CPU model: dead taps cost work in any layout.
 _ALWAYS = {"relax.nn.conv2d": _dead_taps_dropped}
+# Run on the model as it is about to be scheduled: blocked, when its convs are.
+_LAST = {"relax.nn.conv2d": _conv_in_bands}
 # Run only on a model about to be blocked: they exist for ConvertLayout's sake.
 _FOR_BLOCKING = {
     "relax.clip": _clip_as_min_max,
@@ -242,14 +304,15 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         mod = _rewritten(mod, _ALWAYS)
         if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()] or not blocks_pay(mod["main"], block):
-            return mod
+            return _rewritten(mod, _LAST)
         try:
             prepared = _rewritten(mod, _FOR_BLOCKING)
             blocked = relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(prepared))
         except Exception:  # noqa: BLE001 - TVM raises InternalError, ValueError, TypeError...; NCHW is always sound
             # An op whose layout rule refuses the blocked layout (Magika's: "Invalid SLayout: can't find S
             # in source layout ABC"): the model keeps NCHW, as it compiled before, rather than failing.
-            return mod
+            return _rewritten(mod, _LAST)
+        blocked = relax.transform.Normalize()(_rewritten(blocked, _LAST))
         # Only a blocked model's weight work is lifted: lifted, an encoder's weight transposes became a
         # second copy of its weights in memory (2x jitserve_weights_bytes), for no measured gain.
         return relax.transform.LiftTransformParams()(relax.transform.FoldConstant()(blocked))

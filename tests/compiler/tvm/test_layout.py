@@ -20,7 +20,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
-from compiler.tvm.layout import blocked_layouts, blocks_pay, live_taps, narrow_rows  # noqa: E402
+from compiler.tvm.layout import blocked_layouts, blocks_pay, live_taps, narrow_rows, tap_bands  # noqa: E402
 from compiler.tvm.pipeline import tuned_module_stages  # noqa: E402
 
 TARGET = resolve_target("llvm")
@@ -112,11 +112,11 @@ def test_a_pre_activation_batch_norm_keeps_the_blocked_layout():
 
 
 def _aspp_model() -> bytes:
-    """Concat of 3x3 convs with dilation 1, 2 and 8 (padding alike) over a 16-channel 6x6 map, then a
-    Relu: dilation 8 reads the input with its centre tap alone."""
+    """Concat of 3x3 convs with dilation 1, 2, 5 and 8 (padding alike) over a 16-channel 6x6 map, then a
+    Relu: dilation 8 reads the input with its centre tap alone, dilation 5 mostly reads padding."""
     rng = np.random.default_rng(3)
     nodes, weights, branches = [], [], []
-    for rate in (1, 2, 8):
+    for rate in (1, 2, 5, 8):
         weights.append(
             numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), f"w{rate}")
         )
@@ -125,15 +125,25 @@ def _aspp_model() -> bytes:
         branches.append(f"c{rate}")
     nodes += [helper.make_node("Concat", branches, ["cat"], axis=1), helper.make_node("Relu", ["cat"], ["y"])]
     graph = helper.make_graph(nodes, "aspp", [value("x", "float32", ["N", 16, 6, 6])],
-                              [value("y", "float32", ["N", 48, 6, 6])], weights)  # fmt: skip
+                              [value("y", "float32", ["N", 64, 6, 6])], weights)  # fmt: skip
     return make_model(graph).SerializeToString()
 
 
+def test_tap_bands_group_the_outputs_that_read_the_same_live_taps():
+    # DeepLabV3's ASPP conv: 3x3, dilation 12, padding 12, on a 14-wide map.
+    assert tap_bands((14, 14), 3, 1, 12, 12) == [(0, 2, 1, 2), (2, 12, 1, 1), (12, 14, 0, 1)]
+    assert tap_bands((8, 8), 3, 1, 1, 1) == [(0, 1, 1, 2), (1, 7, 0, 2), (7, 8, 0, 1)]
+    assert tap_bands((8, 4), 3, 2, 1, 1) == [(0, 1, 1, 2), (1, 4, 0, 2)]  # stride 2: no tap past the end
+
+
 def test_a_dilated_conv_drops_the_taps_that_read_only_padding_and_still_verifies(tmp_path):
+    """Dilation 8 keeps its centre tap; dilation 5 runs as 3 x 3 bands of output rows and columns, each
+    with the taps it reads and no padding (concatenated back); dilations 1 and 2 stay whole."""
     model, bucket = _aspp_model(), {"x": (2, 16, 6, 6)}
     calls = _calls_after_layout(model, bucket)
     kernels = [call.args[1].ty.shape for call in calls if call.op.name == "relax.nn.conv2d"]
     taps = sorted((int(shape[2]), int(shape[3])) for shape in kernels)  # the blocked kernels' kh, kw
-    assert taps == [(1, 1), (3, 3), (3, 3)], taps
+    banded = [(1, 1), (1, 2), (1, 2), (2, 1), (2, 1), (2, 2), (2, 2), (2, 2), (2, 2)]
+    assert taps == sorted([(1, 1), (3, 3), (3, 3), *banded]), taps
     manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
