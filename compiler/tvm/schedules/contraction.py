@@ -37,17 +37,8 @@ from .base import (
     whole_vector_tile,
 )
 from .panel import packable_operand, panel_axes
-from .register_tile import ContractionInfo, outer_tile, padded_rows, tile_sizes
+from .register_tile import ContractionInfo, outer_tile, padded_rows, reduction_chunk, tile_sizes
 
-# Weights one chunk of a channel-blocked conv's reduction may load: a quarter of a 32 KB L1, the rest
-# for the input rows and the accumulators. Chunked so, ResNet-50 at batch 1 ran 57.1 ms against 64.1,
-# DeepLabV3 22.4 against 28.2, no zoo or PP-OCR model slower (AMD EPYC Zen 3, AVX2; 16 KB chunks were
-# up to 20% slower than 8 KB on single layers).
-L1_WEIGHT_BYTES = 8 * 1024
-# Reduction steps a chunk must give each accumulator, which it loads and stores once a chunk: a 1x1
-# conv over a prime count of input channel blocks (MobileNetV3's 184 channels: 23) got chunks of one
-# block, 8 steps, and ran 25% slower than streaming its weights from L2 (AMD EPYC Zen 3, AVX2).
-MIN_CHUNK_STEPS = 32
 # A depthwise conv's or pool's padded map per channel block past which its pad is computed per output
 # row instead: half of a 512 KB L2 (EfficientNet's 32-channel 112x112 depthwise conv, 416 KB a block:
 # 0.125 -> 0.086 ms per row; 108 KB ones ran 10-25% slower per row; AMD EPYC Zen 3, AVX2).
@@ -66,7 +57,7 @@ class Contraction(SafeRule):
     accumulates in a local buffer; the epilogue is computed per tile straight
     from it. A channel-blocked conv whose tile's weights outgrow L1 takes the
     reduction in chunks instead, each shared by a row of tiles (see
-    ``_reduction_chunk``). The outer tiles are fused and run in parallel. Plain-copy producers
+    ``register_tile.reduction_chunk``). The outer tiles are fused and run in parallel. Plain-copy producers
     are inlined; a padding producer is computed per channel inside the parallel
     loop (depthwise conv) or once up front, split into a zero fill and a
     vectorized copy of the interior.
@@ -150,9 +141,12 @@ class Contraction(SafeRule):
         pad_rows = False
         if len(producers) == 1 and packed is None:
             tiled = (info.vec, info.reg, info.outer)
-            plain = [p for p in _plain_iters(sch, main, producers[0], info) if p not in tiled]
+            plain_iters = _plain_iters(sch, main, producers[0], info)
+            plain = [p for p in plain_iters if p not in tiled]
             shares = product_of(info.extents[p] for p in plain)
-            pad_bytes = total_elements(sch, sch.get_sblock(producers[0])) * 4 // max(1, shares)
+            # Per block of channel lanes (the vector indexes the pad plainly); NCHW pads one channel at a time.
+            blocks = info.vec in plain_iters
+            pad_bytes = blocks and total_elements(sch, sch.get_sblock(producers[0])) * 4 // max(1, shares)
             if plain and shares >= 2 * target_cores(target) and pad_bytes <= PER_CHANNEL_PAD_BYTES:
                 per_channel = plain
             elif len(plain) >= 2:
@@ -200,7 +194,7 @@ class Contraction(SafeRule):
         inner = [x for x in (outer_inner, reg_inner, vec_inner) if x is not None]
         row_copies = MAX_UNROLLED_COPIES
         # A weight slice too large for L1: the tile's columns move inside a chunk of the reduction.
-        chunk = _reduction_chunk(info, ov, lanes) if ov > 1 and reg_outer in first else None
+        chunk = reduction_chunk(info, ov, lanes) if ov > 1 and reg_outer in first else None
         if chunk is not None:
             first.remove(reg_outer)
             head = reduce_loops[0]
@@ -270,28 +264,6 @@ class Contraction(SafeRule):
             else:
                 _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
         return sch
-
-
-def _reduction_chunk(info: ContractionInfo, ov: int, lanes: int) -> int | None:
-    """How many iterations of the outermost reduction loop (a blocked conv's input channel blocks) one
-    pass over a row of register tiles takes, when a tile's weights outgrow ``L1_WEIGHT_BYTES``; ``None``
-    when they fit (or the tile has no output channel blocks).
-
-    Unchunked, every tile re-streams its ``ov`` blocks' whole weight slice from L2 (ResNet-50's 3x3
-    256-channel conv: 295 KB per tile of 2 columns). Chunked, the row's tiles share each chunk from L1
-    and add to accumulators kept in a row buffer, as ONNX Runtime's MLAS does per input channel block.
-    """
-    step = ov * lanes * 4  # weight bytes one reduction step loads
-    inner = product_of(info.extents[p] for p in info.reduce[1:])
-    head = info.extents[info.reduce[0]]
-    if step * inner * head <= L1_WEIGHT_BYTES:
-        return None
-    divisors = [d for d in range(1, head + 1) if head % d == 0]
-    chunk = max(d for d in divisors if d == 1 or step * inner * d <= L1_WEIGHT_BYTES)
-    if inner * chunk < MIN_CHUNK_STEPS:
-        # The shortest chunk that is long enough, or none where only the whole reduction is.
-        chunk = min(d for d in divisors if inner * d >= MIN_CHUNK_STEPS or d == head)
-    return None if chunk == head else chunk
 
 
 def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV) -> ContractionInfo | None:
