@@ -102,18 +102,23 @@ def live_taps(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, b
     return (live[0], live[-1]) if live else (0, kernel - 1)
 
 
+def _conv_geometry(call: relax.Call) -> tuple | None:
+    """(data, weight and output shapes, strides, dilation, padding) of a conv with static shapes."""
+    data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
+    if data is None or weight is None or out is None:
+        return None
+    attrs = call.attrs
+    return data, weight, out, *([int(v) for v in values] for values in (attrs.strides, attrs.dilation, attrs.padding))
+
+
 def _dead_taps_dropped(call: relax.Call) -> relax.Expr:
     """A dilated conv's taps that read only zero padding are dropped: DeepLabV3's ASPP convs (3x3,
     dilation 24 and 36, on a 14x14 map) read their input with the centre tap alone, and computed the
     other eight over padding (14.8 ms each against 1.0 in ONNX Runtime, whose kernels skip them)."""
-    if call.attrs.data_layout != "NCHW" or call.attrs.kernel_layout != "OIHW":
+    geometry = _conv_geometry(call) if call.attrs.data_layout == "NCHW" and call.attrs.kernel_layout == "OIHW" else None
+    if geometry is None:
         return call
-    data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
-    if data is None or weight is None or out is None:
-        return call
-    strides = [int(s) for s in call.attrs.strides]
-    dilation = [int(d) for d in call.attrs.dilation]
-    top, left, bottom, right = (int(p) for p in call.attrs.padding)
+    data, weight, out, strides, dilation, (top, left, bottom, right) = geometry
     rows = live_taps((data[2], out[2]), weight[2], strides[0], dilation[0], top)
     columns = live_taps((data[3], out[3]), weight[3], strides[1], dilation[1], left)
     if rows == (0, weight[2] - 1) and columns == (0, weight[3] - 1):
@@ -162,14 +167,11 @@ def _conv_in_bands(call: relax.Call) -> relax.Expr:
     # NCHW, or NCHW{b}c after blocking (ConvertLayout carries no slice of a blocked layout): H and W are
     # axes 2 and 3 of the data, the kernel and the output alike.
     layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-    if not re.fullmatch(r"NCHW(\d+c)?,OIHW(\d+i\d+o)?,NCHW(\d+c)?", ",".join(layouts)) or int(attrs.groups) != 1:
+    blockable = re.fullmatch(r"NCHW(\d+c)?,OIHW(\d+i\d+o)?,NCHW(\d+c)?", ",".join(layouts))
+    geometry = _conv_geometry(call) if blockable and int(attrs.groups) == 1 else None
+    if geometry is None:
         return call
-    data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
-    if data is None or weight is None or out is None:
-        return call
-    strides = [int(s) for s in call.attrs.strides]
-    dilation = [int(d) for d in call.attrs.dilation]
-    padding = [int(p) for p in call.attrs.padding]
+    data, weight, out, strides, dilation, padding = geometry
     bands = [tap_bands((data[2 + a], out[2 + a]), weight[2 + a], strides[a], dilation[a], padding[a]) for a in (0, 1)]
     live = [sum((end - start) * (last - first + 1) for start, end, first, last in axis) for axis in bands]
     if live[0] * live[1] >= BANDED_MIN_WASTE * out[2] * out[3] * weight[2] * weight[3]:
