@@ -16,6 +16,12 @@ went from 158 to 67 ms against 46 ms in ONNX Runtime. A 16-channel block on
 AVX2 (two vectors) ran 96 ms: with two vectors a row, a 7- or 14-wide map
 leaves the register budget a 1- or 2-wide tile.
 
+Two rewrites serve the blocked layout: an inference batch norm becomes a scale
+and shift from the weights (ConvertLayout carries no blocked batch_norm), and a
+conv whose taps read mostly padding (a dilated conv on a small map) runs in
+bands of outputs, each with the taps it reads (after blocking: ConvertLayout
+carries no slice of a blocked map).
+
 The weights' own transform (OIHW to O{b}o I{b}i blocks) and anything else
 computed from weights alone is lifted into ``main_transform_params``, which
 the engine runs once per model version instead of once per request (``compiler.engines.TRANSFORM_PARAMS``).
@@ -153,9 +159,10 @@ def tap_bands(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, b
 
 
 # Below this share of a conv's multiply-accumulates reading the input (not its padding), it is computed
-# in bands (DeepLabV3's ASPP conv, 3x3 at dilation 12 on a 14x14 map: 18%).
-BANDED_MIN_WASTE = 0.5
-BANDED_MAX_BANDS = 3
+# in bands (DeepLabV3's ASPP conv, 3x3 at dilation 12 on a 14x14 map: 18%), in at most 3 bands a side
+# (9 convs; a 3x3 conv with padding 1 has 3, and reads its input 96% or more on maps past 14).
+BANDS_BELOW_LIVE_SHARE = 0.5
+MAX_BANDS = 3
 
 
 def _conv_in_bands(call: relax.Call) -> relax.Expr:
@@ -174,9 +181,9 @@ def _conv_in_bands(call: relax.Call) -> relax.Expr:
     data, weight, out, strides, dilation, padding = geometry
     bands = [tap_bands((data[2 + a], out[2 + a]), weight[2 + a], strides[a], dilation[a], padding[a]) for a in (0, 1)]
     live = [sum((end - start) * (last - first + 1) for start, end, first, last in axis) for axis in bands]
-    if live[0] * live[1] >= BANDED_MIN_WASTE * out[2] * out[3] * weight[2] * weight[3]:
+    if live[0] * live[1] >= BANDS_BELOW_LIVE_SHARE * out[2] * out[3] * weight[2] * weight[3]:
         return call
-    if any(len(axis) > BANDED_MAX_BANDS or any(last < first for *_, first, last in axis) for axis in bands):
+    if any(len(axis) > MAX_BANDS or any(last < first for *_, first, last in axis) for axis in bands):
         return call
     rows = []
     for y0, y1, ty0, ty1 in bands[0]:

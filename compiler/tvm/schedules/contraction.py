@@ -57,10 +57,11 @@ class Contraction(SafeRule):
     accumulates in a local buffer; the epilogue is computed per tile straight
     from it. A channel-blocked conv whose tile's weights outgrow L1 takes the
     reduction in chunks instead, each shared by a row of tiles (see
-    ``register_tile.reduction_chunk``). The outer tiles are fused and run in parallel. Plain-copy producers
-    are inlined; a padding producer is computed per channel inside the parallel
-    loop (depthwise conv) or once up front, split into a zero fill and a
-    vectorized copy of the interior.
+    ``register_tile.reduction_chunk``). The outer tiles are fused and run in
+    parallel. Plain-copy producers are inlined; a padding producer is computed
+    per channel inside the parallel loop (depthwise conv, pooling; per output
+    row too where the channel blocks are few or a block's map is large) or once
+    up front, split into a zero fill and a vectorized copy of the interior.
 
     A symbolic extent (the dynamic tier) is tiled as a constant one of the
     range's largest size would be; its tiles' loop stays serial under the
@@ -146,7 +147,7 @@ class Contraction(SafeRule):
             shares = product_of(info.extents[p] for p in plain)
             # Per block of channel lanes (the vector indexes the pad plainly); NCHW pads one channel at a time.
             blocks = info.vec in plain_iters
-            pad_bytes = blocks and total_elements(sch, sch.get_sblock(producers[0])) * 4 // max(1, shares)
+            pad_bytes = total_elements(sch, sch.get_sblock(producers[0])) * 4 // max(1, shares) if blocks else 0
             if plain and shares >= 2 * target_cores(target) and pad_bytes <= PER_CHANNEL_PAD_BYTES:
                 per_channel = plain
             elif len(plain) >= 2:
