@@ -86,8 +86,7 @@ class Gemv(SafeRule):
         fold_part = loops[-1]
         sch.reorder(*spatial, column_tile, fold_part, column)
         tile = sch.fuse(*spatial, column_tile) if spatial else column_tile
-        matrix_bytes = columns * reduction * 4
-        if matrix_bytes >= GEMV_PARALLEL_MIN_BYTES and columns // nr >= target_cores(target):
+        if large and columns // nr >= target_cores(target):
             sch.parallel(tile)
         sch.compute_at(partial, tile, preserve_unit_loops=True)
         sch.set_scope(partial, 0, "local")
