@@ -14,5 +14,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # GEMMs, small-map 1x1 convs as matmuls over the flattened map; 9: symbolic extents scheduled, padded-width
 # convs, stepped dynamic dims, symbolic maps flattened; 10: a conv whose padded input is read with a
 # stride gets its pad computed up front, where it was left to the row-reduction rule; 11: convs channel-blocked
-# on the CPU, weight transforms lifted out of the kernel).
-COMPILER_VERSION = "13"
+# on the CPU, weight transforms lifted out of the kernel; 14: pads and copies of 64K elements run in
+# parallel, a grouped conv pads per output row).
+COMPILER_VERSION = "14"

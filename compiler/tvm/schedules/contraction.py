@@ -251,8 +251,17 @@ class Contraction(SafeRule):
             panel = sch.cache_read(main, reads.index(packed), "local")
             sch.compute_at(panel, fused, preserve_unit_loops=True)
             vectorize_tile(sch, panel, fused)
+        row_loop = _packed_pad_row(sch, info, producers, second, loops) if packed is not None else None
         for name in producers:
-            if per_channel:
+            if row_loop is not None:
+                trial = sch.copy()
+                try:
+                    _pad_per_channel(trial, trial.get_sblock(name), row_loop, lanes, decompose=False)
+                except s_tir.schedule.ScheduleError:
+                    _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
+                else:
+                    sch = trial
+            elif per_channel:
                 # On a copy: decompose_padding refuses a pad read with a stride (a strided 1x1 conv, as in
                 # ResNet's downsample shortcut), and the pad is then computed once up front instead.
                 trial = sch.copy()
@@ -363,6 +372,21 @@ def _split_tile(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> tuple[LoopRV,
 def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:
     names = block_names(sch)
     return len(names) - names.index(main_name) - 1
+
+
+def _packed_pad_row(sch: s_tir.Schedule, info: ContractionInfo, producers: list[str], serial: list, loops: list):
+    """The output-row loop a packed panel's conv computes its pad under, or ``None``.
+
+    A grouped conv (RegNetY's 16-channel groups) packs its weights per output channel block and reads
+    its input by group, not plainly by channel, so no per-channel pad applies: its pad was a pass over
+    the whole map before the parallel loop (a 114x114x64 one, 3.3 MB). Under the row loop each iteration
+    pads the rows of taps that row reads, for the channels of its group.
+    """
+    if len(producers) != 1 or info.symbolic or not has_if_then_else(sch.get(sch.get_sblock(producers[0]))):
+        return None
+    tiled = (info.vec, info.reg, info.outer)
+    rows = [p for p in info.spatial if p not in tiled and info.extents[p] > 1 and loops[p] in serial]
+    return loops[rows[0]] if rows else None
 
 
 def _pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: int, *, decompose: bool) -> None:

@@ -321,6 +321,26 @@ def test_a_depthwise_conv_with_few_channel_blocks_pads_the_rows_of_taps_each_out
     assert any("T.int64(3)" in line for line in lines[parallel + 1 : pad]), lines[parallel:pad]  # 3 rows
 
 
+def test_a_grouped_conv_with_packed_weights_pads_the_rows_each_output_row_reads_inside_the_parallel_loop(store):
+    """RegNetY's grouped 3x3 conv: 16-channel groups read their input by group, so no per-channel pad
+    applies, and its pad was one pass over the whole map before the parallel loop (3.3 MB at 112x112,
+    serial). Under each output row it pads the rows of taps that row reads, and the model verifies."""
+    model, bucket = _blocked_conv_model(group=4, channels=64, size=56), {"x": (1, 64, 56, 56)}
+    kernels = _fused_kernels(model, bucket, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
+    rule, script = _first_match(func)
+    assert rule == "Contraction"
+    lines = script.splitlines()
+    parallel = next(i for i, line in enumerate(lines) if "T.parallel" in line)
+    panel = next(i for i, line in enumerate(lines) if "_local = " in line and "pad" not in line)
+    pad = next(i for i, line in enumerate(lines) if 'T.sblock("pad_temp")' in line)
+    assert pad > parallel and 'scope="local"' in next(line for line in lines if "pad_temp_local = " in line)
+    assert panel < pad, "the packed weight panel is the grouped conv's path"
+    assert not any('T.sblock("pad_temp_pad_const")' in line for line in lines)  # no separate fill pass
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
 def test_gemv_over_columns_in_no_whole_cache_lines_takes_line_tiles_the_last_one_guarded():
     """A 1000-class classifier on AVX2 (125 vectors of columns, no whole number of 64-byte lines): with a
     large matrix its column tiles are a line each (2 vectors), the last tile guarded, and it still
