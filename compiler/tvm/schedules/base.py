@@ -25,6 +25,12 @@ has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 # 4%, PP-OCRv4 rec 3% slower than at 64K, ResNet-50 1% faster (AMD EPYC Zen 3, AVX2).
 PARALLEL_MIN_ELEMENTS = 1 << 16
 PARALLEL_MIN_MACS = 1 << 22
+# A channel-blocked conv's over a map more than one pixel wide: MobileNetV3-Large's 1x1 80 -> 184 conv
+# on its 14x14 map (2.9M) ran on one core, and at 1M the model ran 0.94x its time at batch 1, no zoo or
+# PP-OCR model slower. Not an NCHW model's convs (PP-OCR cls at batch 8: 1.07x slower at 1M), nor a conv
+# over a 1x1 map (squeeze-excitation's, a matrix-vector product per image: MobileNetV3 at batch 8 1.06x
+# slower). AMD EPYC Zen 3, AVX2.
+PARALLEL_MIN_MACS_BLOCKED = 1 << 20
 # A contraction without register reuse (depthwise conv, pooling) runs at a load per FMA, 4-8x slower a
 # MAC: EfficientNet-B0 at batch 1 ran 15.0 ms with its depthwise convs parallel past 4M MACs, 13.4 past
 # 1M and 13.1 past 256K (AMD EPYC Zen 3, AVX2).

@@ -13,6 +13,7 @@ from .base import (
     MAX_UNROLLED_COPIES,
     PARALLEL_MIN_ELEMENTS,
     PARALLEL_MIN_MACS,
+    PARALLEL_MIN_MACS_BLOCKED,
     PARALLEL_MIN_MACS_NO_REUSE,
     LoopRV,
     SafeRule,
@@ -212,6 +213,8 @@ class Contraction(SafeRule):
         fused = sch.fuse(*first) if len(first) > 1 else (first[0] if first else None)
         tile = second[-1] if second else fused
         threshold = PARALLEL_MIN_MACS if info.reuse else PARALLEL_MIN_MACS_NO_REUSE
+        if info.outer is not None and info.reg is not None and info.extents[info.reg] > 1:
+            threshold = min(threshold, PARALLEL_MIN_MACS_BLOCKED)
         if fused is not None and product_of(info.extents) >= threshold and (loop_bound(sch, fused) or 1) >= 2:
             sch.parallel(fused)
 

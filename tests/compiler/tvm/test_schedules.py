@@ -341,6 +341,14 @@ def test_a_grouped_conv_with_packed_weights_pads_the_rows_each_output_row_reads_
     assert outcome.manifest.verified is True, outcome.manifest.verification
 
 
+def test_a_channel_blocked_conv_of_a_million_multiply_adds_runs_in_parallel():
+    """MobileNetV3's 1x1 80 -> 184 conv on its 14x14 map (2.9M multiply-adds) ran on one core under the
+    4M threshold every contraction had; a channel-blocked conv over a map wider than a pixel takes 1M."""
+    kernels = _fused_kernels(_blocked_conv_model(), {"x": (1, 32, 14, 14)}, mcpu="haswell")  # 1.8M
+    rule, script = _first_match(next(f for name, f in kernels.items() if "conv2d_nchwc" in name))
+    assert rule == "Contraction" and "T.parallel" in script
+
+
 def test_gemv_over_columns_in_no_whole_cache_lines_takes_line_tiles_the_last_one_guarded():
     """A 1000-class classifier on AVX2 (125 vectors of columns, no whole number of 64-byte lines): with a
     large matrix its column tiles are a line each (2 vectors), the last tile guarded, and it still
