@@ -254,28 +254,24 @@ class Contraction(SafeRule):
             panel = sch.cache_read(main, reads.index(packed), "local")
             sch.compute_at(panel, fused, preserve_unit_loops=True)
             vectorize_tile(sch, panel, fused)
-        row_loop = _packed_pad_row(sch, info, producers, second, loops) if packed is not None else None
+        # The pad inside the loop nest: per channel (and row) under the parallel loop, or a packed conv's
+        # under its row loop; else once up front.
+        pad_at, decompose = (fused, not pad_rows) if per_channel else (None, False)
+        if packed is not None:  # never per channel
+            pad_at = _packed_pad_row(sch, info, producers, second, loops)
         for name in producers:
-            if row_loop is not None:
-                trial = sch.copy()
-                try:
-                    _pad_per_channel(trial, trial.get_sblock(name), row_loop, lanes, decompose=False)
-                except s_tir.schedule.ScheduleError:
-                    _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
-                else:
-                    sch = trial
-            elif per_channel:
-                # On a copy: decompose_padding refuses a pad read with a stride (a strided 1x1 conv, as in
-                # ResNet's downsample shortcut), and the pad is then computed once up front instead.
-                trial = sch.copy()
-                try:
-                    _pad_per_channel(trial, trial.get_sblock(name), fused, lanes, decompose=not pad_rows)
-                except s_tir.schedule.ScheduleError:
-                    _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
-                else:
-                    sch = trial
-            else:
+            if pad_at is None:
                 _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
+                continue
+            # On a copy: decompose_padding refuses a pad read with a stride (a strided 1x1 conv, as in
+            # ResNet's downsample shortcut), and the pad is then computed once up front instead.
+            trial = sch.copy()
+            try:
+                _pad_per_channel(trial, trial.get_sblock(name), pad_at, lanes, decompose=decompose)
+            except s_tir.schedule.ScheduleError:
+                _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
+            else:
+                sch = trial
         return sch
 
 
@@ -377,7 +373,9 @@ def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:
     return len(names) - names.index(main_name) - 1
 
 
-def _packed_pad_row(sch: s_tir.Schedule, info: ContractionInfo, producers: list[str], serial: list, loops: list):
+def _packed_pad_row(
+    sch: s_tir.Schedule, info: ContractionInfo, producers: list[str], serial: list[LoopRV], loops: list[LoopRV]
+) -> LoopRV | None:
     """The output-row loop a packed panel's conv computes its pad under, or ``None``.
 
     A grouped conv (RegNetY's 16-channel groups) packs its weights per output channel block and reads
