@@ -15,5 +15,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # convs, stepped dynamic dims, symbolic maps flattened; 10: a conv whose padded input is read with a
 # stride gets its pad computed up front, where it was left to the row-reduction rule; 11: convs channel-blocked
 # on the CPU, weight transforms lifted out of the kernel; 14: pads and copies of 64K elements run in
-# parallel, a grouped conv pads per output row; 15: channel-blocked convs of 1M multiply-adds run in parallel).
-COMPILER_VERSION = "15"
+# parallel, a grouped conv pads per output row; 15: channel-blocked convs of 1M multiply-adds run in parallel;
+# 16: the RGB first conv reads its input in NCHW).
+COMPILER_VERSION = "16"

@@ -230,7 +230,7 @@ def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """A conv with its output channel-blocked (layout.py): out[n, o, y, x, oi] is output channel o*b + oi.
     The kernel is [o, ic/b, kh, kw, b(ic), b(oc)] where the input is blocked too, else [o, ic, kh, kw, b(oc)]
-    (the first layer's few input channels; a depthwise conv's one). The input-channel block loop sits
+    (the first layer's few input channels, read in NCHW; a depthwise conv's one). The input-channel block loop sits
     outside the window, its lanes inside: each window step reads b contiguous weight vectors."""
     attrs = call.attrs
     out_dtype = call.ty.dtype

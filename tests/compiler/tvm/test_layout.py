@@ -40,7 +40,7 @@ def _conv(data: tuple, weight: tuple, *, groups: int = 1, padding: int = 1) -> r
     "data, weight, groups, expected",
     [
         ((1, 64, 14, 14), (64, 64, 3, 3), 1, ["NCHW8c", "OIHW8i8o", "NCHW8c"]),  # regular, a small map
-        ((1, 3, 224, 224), (64, 3, 3, 3), 1, ["NCHW3c", "OIHW3i8o", "NCHW8c"]),  # the RGB first layer
+        ((1, 3, 224, 224), (64, 3, 3, 3), 1, ["NCHW", "OIHW8o", "NCHW8c"]),  # the RGB first layer, read as it comes
         ((1, 64, 14, 14), (64, 1, 3, 3), 64, ["NCHW8c", "OIHW8o", "NCHW8c"]),  # depthwise
         ((1, 64, 14, 14), (64, 16, 3, 3), 4, ["NCHW8c", "OIHW8i8o", "NCHW8c"]),  # grouped, 16-channel groups
         ((1, 64, 14, 14), (64, 4, 3, 3), 16, None),  # groups of 4 channels fill no block
@@ -107,8 +107,18 @@ def test_a_pre_activation_batch_norm_keeps_the_blocked_layout():
     carries no blocked layout through ``batch_norm``, which put two transforms of the map around it."""
     ops = [call.op.name for call in _calls_after_layout(convnets.branches_model(), {"x": (2, 3, 56, 56)})]
     assert "relax.nn.batch_norm" not in ops, ops
-    # The input's transform, and the one into the segmentation head's 4-channel conv, which stays NCHW.
-    assert ops.count("relax.layout_transform") == 2, ops
+    # The one into the segmentation head's 4-channel conv, which stays NCHW (the first conv reads the input).
+    assert ops.count("relax.layout_transform") == 1, ops
+
+
+def test_the_first_conv_reads_the_models_input_as_it_comes():
+    """The RGB first layer reads NCHW and writes blocks: as one block of 3 channels, a transpose of the
+    whole image ran before it on every request."""
+    calls = _calls_after_layout(convnets.residual_model(), {"x": (2, 3, 56, 56)})
+    first = calls[0]
+    assert first.op.name == "relax.nn.conv2d", [call.op.name for call in calls[:3]]
+    assert isinstance(first.args[0], relax.Var) and first.args[0].name == "x"
+    assert (first.attrs.data_layout, first.attrs.kernel_layout, first.attrs.out_layout) == ("NCHW", "OIHW8o", "NCHW8c")
 
 
 def _aspp_model() -> bytes:
