@@ -200,8 +200,24 @@ def _conv_in_bands(call: relax.Call) -> relax.Expr:
     return rows[0] if len(rows) == 1 else relax.op.concat(rows, axis=2)
 
 
-# Run on every CPU model: dead taps cost work in any layout.
-_ALWAYS = {"relax.nn.conv2d": _dead_taps_dropped}
+def _matmul_rows_flattened(call: relax.Call) -> relax.Expr:
+    """``x @ w`` with ``x`` of shape (..., M, K) and a 2-D ``w``, as one matmul over all the rows: the rule
+    tiles the last output axis but one, and took ConvNeXt's MLPs over its 1x7x7x768 map as 7 matmuls of
+    7 rows, each padded to 8 and copied per column tile (2.6 ms against ONNX Runtime's 1.5). Flattened,
+    their epilogue (GELU) is a kernel of its own after the reshape; ConvNeXt-Tiny ran 0.974x at batch 1
+    and 0.952x at batch 8, the BERT l2 encoder and PP-OCRv4 rec at batch 8 alike (AMD EPYC Zen 3, AVX2)."""
+    data, weight = (_static(getattr(arg.ty, "shape", None)) for arg in call.args)
+    out = _static(getattr(call.ty, "shape", None))
+    if data is None or weight is None or out is None or len(weight) != 2 or len(data) < 3:
+        return call
+    if math.prod(data[:-2]) == 1:
+        return call
+    rows = relax.op.reshape(call.args[0], [math.prod(data[:-1]), data[-1]])
+    return relax.op.reshape(relax.op.matmul(rows, call.args[1], call.attrs.out_dtype or None), out)
+
+
+# Run on every CPU model: dead taps and padded rows cost work in any layout.
+_ALWAYS = {"relax.nn.conv2d": _dead_taps_dropped, "relax.matmul": _matmul_rows_flattened}
 # Run on the model as it is about to be scheduled: blocked, when its convs are.
 _LAST = {"relax.nn.conv2d": _conv_in_bands}
 # Run only on a model about to be blocked: they exist for ConvertLayout's sake.

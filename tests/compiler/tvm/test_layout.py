@@ -157,3 +157,20 @@ def test_a_dilated_conv_drops_the_taps_that_read_only_padding_and_still_verifies
     assert taps == sorted([(1, 1), (3, 3), (3, 3), *banded]), taps
     manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
+
+
+def test_a_matmul_over_a_batch_of_short_rows_runs_as_one_matmul_over_all_of_them(tmp_path):
+    """ConvNeXt's MLP over a 7x7 map (channels last): 7 matmuls of 7 rows, each padded to a whole tile,
+    become one of 49 rows (98 at batch 2), which verifies against ONNX Runtime."""
+    rng = np.random.default_rng(5)
+    weight = numpy_helper.from_array((rng.standard_normal((64, 128)) * 0.1).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Erf", ["m"], ["y"])],
+        "mlp", [value("x", "float32", ["N", 7, 7, 64])], [value("y", "float32", ["N", 7, 7, 128])], [weight],
+    )  # fmt: skip
+    model = make_model(graph).SerializeToString()
+    bucket = {"x": (2, 7, 7, 64)}
+    matmuls = [call for call in _calls_after_layout(model, bucket) if call.op.name == "relax.matmul"]
+    assert [[int(d) for d in call.args[0].ty.shape.values] for call in matmuls] == [[98, 64]]
+    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
+    assert manifest.verified, manifest.verification
