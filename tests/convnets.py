@@ -1,7 +1,8 @@
 """A CI-sized slice of the model zoo (``loadtest/zoo.py``): a few blocks of each convnet family, built
 with ``onnx.helper`` at small widths, with the conv kinds the zoo's models have: the 3-channel first
 layer, strided, 1x1, depthwise, grouped and dilated convs, residual adds in front of a conv,
-squeeze-excitation, hardswish and SiLU, pooling (max, average, global), concat and resize."""
+squeeze-excitation, hardswish and SiLU, pooling (max, average, global), concat and resize, and
+ConvNeXt's channels-last MLP (MatMuls by 2-D weights over the map)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ class _Net:
         w = (self.rng.standard_normal((classes, channels)) / np.sqrt(channels)).astype(np.float32)
         return self.op("Gemm", flat, self.constant(w), self.constant(np.zeros(classes, np.float32)), transB=1)
 
+    def linear(self, x: str, c_in: int, c_out: int) -> str:
+        """A channels-last linear layer as torch exports it over a map: MatMul by (c_in, c_out), Add."""
+        w = (self.rng.standard_normal((c_in, c_out)) / np.sqrt(c_in)).astype(np.float32)
+        b = (self.rng.standard_normal(c_out) * 0.1).astype(np.float32)
+        return self.op("Add", self.op("MatMul", x, self.constant(w)), self.constant(b))
+
+    def gelu(self, x: str) -> str:
+        """GELU as torch exports it: x * 0.5 * (1 + erf(x / sqrt(2)))."""
+        scaled = self.op("Div", x, self.constant(np.array(np.sqrt(2.0), np.float32)))
+        erf = self.op("Add", self.op("Erf", scaled), self.constant(np.array(1.0, np.float32)))
+        return self.op("Mul", self.op("Mul", x, erf), self.constant(np.array(0.5, np.float32)))
+
     def model(self, name: str, out: str, out_dims: list) -> bytes:
         self.nodes[-1].output[0] = "y"
         inputs = [value("x", "float32", ["N", 3, "H", "W"])]
@@ -117,3 +130,17 @@ def branches_model(width: int = 16) -> bytes:
     scales = n.constant(np.array([1, 1, 2, 2], np.float32))
     n.op("Resize", head, "", scales, mode="nearest")
     return n.model("branches", "y", ["N", 4, "H2", "W2"])
+
+
+def convnext_model(width: int = 16) -> bytes:
+    """ConvNeXt's patchify stem (4x4 stride-4 conv) and a block: 7x7 depthwise conv, channels-last
+    LayerNorm and MLP (MatMuls by 2-D weights over the map, GELU between them), back to channels
+    first, residual add."""
+    n = _Net(24)
+    x = n.conv("x", 3, width, 4, stride=4)
+    last = n.op("Transpose", n.conv(x, width, width, 7, group=width), perm=[0, 2, 3, 1])
+    scale, bias = np.ones(width, np.float32), np.zeros(width, np.float32)
+    normed = n.op("LayerNormalization", last, n.constant(scale), n.constant(bias), axis=-1, epsilon=1e-6)
+    mlp = n.linear(n.gelu(n.linear(normed, width, 4 * width)), 4 * width, width)
+    x = n.op("Add", n.op("Transpose", mlp, perm=[0, 3, 1, 2]), x)
+    return n.model("convnext", n.classifier(x, width), ["N", 10])

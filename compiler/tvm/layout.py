@@ -22,9 +22,10 @@ conv whose taps read mostly padding (a dilated conv on a small map) runs in
 bands of outputs, each with the taps it reads (after blocking: ConvertLayout
 carries no slice of a blocked map).
 
-The weights' own transform (OIHW to O{b}o I{b}i blocks) and anything else
-computed from weights alone is lifted into ``main_transform_params``, which
-the engine runs once per model version instead of once per request (``compiler.engines.TRANSFORM_PARAMS``).
+The weights' own transform (OIHW to O{b}o I{b}i blocks; a matmul's weight
+to column panels, ``panels.py``) and anything else computed from weights
+alone is lifted into ``main_transform_params``, which the engine runs once
+per model version instead of once per request (``compiler.engines.TRANSFORM_PARAMS``).
 
 Runs in the compile child only (imports TVM).
 """
@@ -37,6 +38,7 @@ import re
 import tvm
 from tvm import relax
 
+from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 
 
@@ -340,8 +342,10 @@ def channel_block_passes(target: tvm.target.Target) -> list:
             # in source layout ABC"): the model keeps NCHW, as it compiled before, rather than failing.
             return _rewritten(mod, _LAST)
         blocked = relax.transform.Normalize()(_rewritten(blocked, _LAST))
-        # Only a blocked model's weight work is lifted: lifted, an encoder's weight transposes became a
-        # second copy of its weights in memory (2x jitserve_weights_bytes), for no measured gain.
+        # Only a blocked model's weight work is lifted (its matmuls' weights packed into panels among it):
+        # lifted, an encoder's weight transposes became a second copy of its weights in memory (2x
+        # jitserve_weights_bytes), for no measured gain.
+        blocked = relax.transform.Normalize()(panel_matmuls(blocked, block))
         return relax.transform.LiftTransformParams()(relax.transform.FoldConstant()(blocked))
 
     return [convert]

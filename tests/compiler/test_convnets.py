@@ -17,11 +17,14 @@ TARGET = resolve_target("llvm")
 
 # Every conv of these blocks fills whole channel blocks (of 8 or 16 lanes) but the segmentation head's
 # 4-channel one, and the first layer's 3 input channels make a block of their own.
-NCHW_CONVS = {"residual": 0, "mobile": 0, "branches": 1}
+NCHW_CONVS = {"residual": 0, "mobile": 0, "branches": 1, "convnext": 0}
 
 
-@pytest.mark.parametrize("build", [convnets.residual_model, convnets.mobile_model, convnets.branches_model],
-                         ids=["residual", "mobile", "branches"])  # fmt: skip
+@pytest.mark.parametrize(
+    "build",
+    [convnets.residual_model, convnets.mobile_model, convnets.branches_model, convnets.convnext_model],
+    ids=["residual", "mobile", "branches", "convnext"],
+)
 def test_every_conv_kind_compiles_blocked_verifies_and_is_scheduled(tmp_path, build):
     model = load_model(build(), max_bytes=1 << 24)
     # 56x56: maps of 28, 14 and 7, whose rows fill no two whole vectors (those stay NCHW: layout.py).

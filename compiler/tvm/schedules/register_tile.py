@@ -68,10 +68,13 @@ def padded_rows(info: ContractionInfo, lanes: int, accumulators: int) -> int | N
     """Rows of a register tile the register-blocked axis is padded to whole tiles of, when none of its
     divisors fills half the budget (ConvNeXt's 7x7 stage: 49 rows ran as 1 x 16, at an FMA's latency);
     ``None`` when a divisor does, or padding would waste more than ``MAX_ROW_PADDING``. Matmuls only: a
-    channel-blocked conv's tile is filled by its output channel blocks."""
-    if info.reg is None or not info.reuse or info.outer is not None or info.reg in info.symbolic:
+    channel-blocked conv's tile is filled by its output channel blocks (a matmul's column panels, wider
+    than one vector, fill none: ``outer_tile``)."""
+    if info.reg is None or not info.reuse or info.reg in info.symbolic:
         return None
     mr, nr = tile_sizes(info, lanes, accumulators)
+    if info.outer is not None and nr == lanes:
+        return None
     budget = max(1, accumulators // max(1, -(-nr // lanes)))
     extent = info.extents[info.reg]
     if extent <= budget or 2 * mr > budget:

@@ -174,3 +174,20 @@ def test_a_matmul_over_a_batch_of_short_rows_runs_as_one_matmul_over_all_of_them
     assert [[int(d) for d in call.args[0].ty.shape.values] for call in matmuls] == [[98, 64]]
     manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
+
+
+def test_a_blocked_models_matmul_reads_its_weight_from_column_panels_packed_once():
+    """ConvNeXt's MLP weights (K, N) as (N / L, K, L) panels of two vectors, computed in the weight
+    transform: in (K, N) a panel's rows lie N floats apart, each a cache miss once the model's weights
+    outgrow the L3."""
+    from compiler.tvm.schedules.base import vector_lanes
+
+    width = 2 * vector_lanes(tvm.target.Target(TARGET), "float32")
+    calls = _calls_after_layout(convnets.convnext_model(), {"x": (2, 3, 56, 56)})
+    panels = [
+        [int(d) for d in arg.ty.shape.values]
+        for call in calls if call.op.name == "relax.call_tir"
+        for arg in call.args[1].fields if len(arg.ty.shape.values) == 3
+    ]  # fmt: skip
+    assert [64 // width, 16, width] in panels, panels  # the 16 -> 64 expansion
+    assert not [call for call in calls if call.op.name == "relax.matmul" and call.args[1].ty.shape.values[-1] == 64]

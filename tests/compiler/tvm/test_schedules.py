@@ -271,7 +271,8 @@ def test_matmul_rows_with_no_divisor_to_fill_a_tile_are_padded_to_whole_tiles_an
 
 def test_a_matmul_over_a_map_packs_one_panel_per_column_tile_shared_by_every_row(store):
     """ConvNeXt's Linear over a [1, 7, 7, C] map: the column tiles are the parallel loop and each packs its
-    panel once for all 7 x 7 rows (computed per map row, the whole matrix was copied 7 times a call)."""
+    panel once for all 7 x 7 rows (computed per map row, the whole matrix was copied 7 times a call). The
+    map's rows are one axis of 49 (``layout._matmul_rows_flattened``)."""
     nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
     model = _model(nodes, ["batch", 7, 7, 256], ["batch", 7, 7, 512], [_const("W", (256, 512), 0.1)])
     kernels = _fused_kernels(model, {"x": (1, 7, 7, 256)}, mcpu="haswell")
@@ -279,7 +280,7 @@ def test_a_matmul_over_a_map_packs_one_panel_per_column_tile_shared_by_every_row
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
     script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
     parallel = next(line.strip() for line in script.splitlines() if "T.parallel" in line)
-    assert parallel == "for i3_0 in T.parallel(T.int64(32)):", parallel  # 512 columns / 16
+    assert parallel == "for i1_0 in T.parallel(T.int64(32)):", parallel  # 512 columns / 16
     outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 7, 7, 256)}, TARGET, store)
     assert outcome.manifest.verified is True, outcome.manifest.verification
 
