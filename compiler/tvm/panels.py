@@ -7,9 +7,12 @@ matter; in a model, whose weights outgrow the L3 between one call of a kernel an
 line was a miss: ConvNeXt-Tiny's 768 x 3072 MLP ran 1.82 ms with its weights flushed against 1.52
 warm. ONNX Runtime's MLAS prepacks a constant B the same way for its GEMM.
 
-Here ``w`` becomes ``(N / L, K, L)`` panels (L: two vectors, the rule's column tile), computed from the
-weights alone, so ``LiftTransformParams`` moves it into the weight transform; the matmul reads
-``panels[n // L, k, n % L]``, a panel as one contiguous run.
+Here ``w`` becomes ``(N / L, K, L)`` panels (L: two vectors, the rule's column tile; a last panel of
+fewer columns is padded with zeros), computed from the weights alone, so ``LiftTransformParams``
+moves it into the weight transform; the matmul computes per panel, each one contiguous run, and its
+product is cut back to N columns. A classifier's 1 x 1280 x 1000 product, which ran 0.25-0.29 ms
+in MobileNetV3-Large against ONNX Runtime's 0.13-0.17 on weights 1000 floats apart, ran 0.11 against
+0.11 (AMD EPYC Zen 3, AVX2).
 
 Runs in the compile child only (imports TVM).
 """
@@ -30,7 +33,7 @@ def _static(expr) -> list[int] | None:
 
 def weight_vars(func: relax.Function) -> set:
     """The function's weight parameters (those after ``num_input``) and every var bound to a value
-    computed from them alone: what ``LiftTransformParams`` lifts."""
+    computed from them (or constants) alone: what ``LiftTransformParams`` lifts, or ``FoldConstant`` folds."""
     num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(func.params)
     weights = set(func.params[num_input:])
     for block in func.body.blocks:
@@ -38,12 +41,12 @@ def weight_vars(func: relax.Function) -> set:
             if not isinstance(binding, relax.VarBinding):
                 continue
             free = relax.analysis.free_vars(binding.value)
-            if free and all(var in weights for var in free):
+            if all(var in weights for var in free):
                 weights.add(binding.var)
     return weights
 
 
-def _panel_matmul(x: te.Tensor, panels: te.Tensor) -> te.Tensor:
+def _panel_matmul(x: te.Tensor, panels: te.Tensor, columns: int) -> te.Tensor:
     # The product per panel (the rule vectorizes a panel's columns, its innermost axis), then copied out to
     # (..., N): the copy inlines into the epilogue, which reads the panel's columns from the tile.
     *lead, rows, depth = (int(d) for d in x.shape)
@@ -55,7 +58,7 @@ def _panel_matmul(x: te.Tensor, panels: te.Tensor) -> te.Tensor:
         name="matmul",
     )
     return te.compute(
-        (*lead, rows, count * width), lambda *i: product[(*i[:-1], i[-1] // width, i[-1] % width)], name="columns"
+        (*lead, rows, columns), lambda *i: product[(*i[:-1], i[-1] // width, i[-1] % width)], name="columns"
     )
 
 
@@ -78,12 +81,14 @@ class _PanelMatmuls(relax.PyExprMutator):
         if call.args[0].ty.dtype != "float32" or call.args[1].ty.dtype != "float32":
             return call
         depth, columns = weight
-        if columns % self.width or columns == self.width:
+        count = -(-columns // self.width)
+        if count == 1:
             return call
-        panels = relax.op.permute_dims(
-            relax.op.reshape(call.args[1], [depth, columns // self.width, self.width]), [1, 0, 2]
-        )
-        return self.builder_.call_te(_panel_matmul, call.args[0], self.builder_.emit(panels),
+        weight = call.args[1]
+        if count * self.width != columns:  # the last panel's columns past N are zeros, never copied out
+            weight = relax.op.nn.pad(weight, [0, 0, 0, count * self.width - columns])
+        panels = relax.op.permute_dims(relax.op.reshape(weight, [depth, count, self.width]), [1, 0, 2])
+        return self.builder_.call_te(_panel_matmul, call.args[0], self.builder_.emit(panels), columns,
                                      primfunc_name_hint="matmul")  # fmt: skip
 
 

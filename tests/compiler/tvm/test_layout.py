@@ -191,3 +191,29 @@ def test_a_blocked_models_matmul_reads_its_weight_from_column_panels_packed_once
     ]  # fmt: skip
     assert [64 // width, 16, width] in panels, panels  # the 16 -> 64 expansion
     assert not [call for call in calls if call.op.name == "relax.matmul" and call.args[1].ty.shape.values[-1] == 64]
+
+
+def test_a_classifier_whose_classes_fill_no_whole_panel_gets_a_zero_padded_last_one(tmp_path):
+    """A classifier's 1000 classes are 62.5 panels of 16: the last one is padded with zero columns in
+    the weight transform and the product is cut back to the classes (the 1 x 1280 x 1000 Gemv ran at
+    2x ONNX Runtime's time on weights 1000 floats apart, cold in the cache)."""
+    from compiler.tvm.schedules.base import vector_lanes
+    from tests.convnets import _Net
+
+    width = 2 * vector_lanes(tvm.target.Target(TARGET), "float32")
+    net = _Net(25)
+    features = net.op("Relu", net.conv("x", 3, 16, 3, stride=4))
+    model = net.model("classifier", net.classifier(features, 16, classes=40), ["N", 40])
+    calls = _calls_after_layout(model, {"x": (1, 3, 56, 56)})
+    panels = [
+        [int(d) for d in arg.ty.shape.values]
+        for call in calls if call.op.name == "relax.call_tir"
+        for arg in call.args[1].fields if len(arg.ty.shape.values) == 3
+    ]  # fmt: skip
+    assert panels == [[-(-40 // width), 16, width]], panels
+    store = ArtifactStore(tmp_path)
+    for batch in (1, 2):  # one row (a matrix-vector product) and two
+        bucket = {"x": (batch, 3, 56, 56)}
+        manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store).manifest
+        assert manifest.verified, manifest.verification
+        assert manifest.unscheduled == [], manifest.schedules
