@@ -217,3 +217,15 @@ def test_a_classifier_whose_classes_fill_no_whole_panel_gets_a_zero_padded_last_
         manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store).manifest
         assert manifest.verified, manifest.verification
         assert manifest.unscheduled == [], manifest.schedules
+
+
+def test_a_layout_transform_fuses_with_the_transpose_after_it(tmp_path):
+    """ConvNeXt's blocked depthwise conv output goes back to NCHW, then to channels last: one kernel, not
+    two passes over the map (TVM's own layout transform is an opaque kernel, which FuseOps never fuses)."""
+    bucket = {"x": (2, 3, 56, 56)}
+    manifest = compile_bucket(load_model(convnets.convnext_model(), max_bytes=1 << 22), bucket, TARGET,
+                              ArtifactStore(tmp_path)).manifest  # fmt: skip
+    assert manifest.verified, manifest.verification
+    kernels = list(manifest.schedules)
+    assert not [name for name in kernels if name.startswith("te_layout_transform")], kernels  # TVM's own
+    assert [name for name in kernels if "layout_transform" in name and "transpose" in name], kernels
