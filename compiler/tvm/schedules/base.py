@@ -25,7 +25,8 @@ has_if_then_else = tvm.get_global_func("s_tir.schedule.HasIfThenElse")
 # 4%, PP-OCRv4 rec 3% slower than at 64K, ResNet-50 1% faster (AMD EPYC Zen 3, AVX2).
 PARALLEL_MIN_ELEMENTS = 1 << 16
 PARALLEL_MIN_MACS = 1 << 22
-# A channel-blocked conv's over a map more than one pixel wide: MobileNetV3-Large's 1x1 80 -> 184 conv
+# A contraction with output blocks beside its register rows (a channel-blocked conv over a map more than
+# one pixel wide; a matmul reading column panels, panels.py): MobileNetV3-Large's 1x1 80 -> 184 conv
 # on its 14x14 map (2.9M) ran on one core, and at 1M the model ran 0.94x its time at batch 1, no zoo or
 # PP-OCR model slower. Not an NCHW model's convs (PP-OCR cls at batch 8: 1.07x slower at 1M), nor a conv
 # over a 1x1 map (squeeze-excitation's, a matrix-vector product per image: MobileNetV3 at batch 8 1.06x
