@@ -17,5 +17,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # on the CPU, weight transforms lifted out of the kernel; 14: pads and copies of 64K elements run in
 # parallel, a grouped conv pads per output row; 15: channel-blocked convs of 1M multiply-adds run in parallel;
 # 16: the RGB first conv reads its input in NCHW, a matmul over a batch of rows runs over all of them, a
-# blocked model's matmul reads its weight from column panels, layout transforms fuse as gathers).
-COMPILER_VERSION = "16"
+# blocked model's matmul reads its weight from column panels, layout transforms fuse as gathers; 17: the
+# logistic is a rational function, polynomials bind their repeated values by Let, NaN is tested on the bits).
+COMPILER_VERSION = "17"

@@ -430,15 +430,16 @@ def _unary_kernel(op: str, n: int):
     return tvm.te.create_prim_func([a, b])
 
 
-def test_vectorized_exp_erf_sigmoid_match_libm():
-    """The polynomial rewrites stay within float32 rounding of libm, NaN and infinities included."""
+def test_vectorized_exp_erf_sigmoid_match_libm_lane_parallel():
+    """The polynomial rewrites stay within float32 rounding of libm (the logistic within ONNX Runtime's
+    2e-7), NaN and infinities included, and their vector code never handles lanes one at a time."""
     n = 4096 + 8
     grid = np.linspace(-95.0, 95.0, n - 8, dtype=np.float32)
     x = np.concatenate([grid, np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.7, 1e-30, -4.5])])
-    for op, reference in (
-        ("exp", lambda v: math.exp(v) if v < 89 else math.inf),
-        ("erf", math.erf),
-        ("sigmoid", lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0),
+    for op, reference, atol in (
+        ("exp", lambda v: math.exp(v) if v < 89 else math.inf, 1e-7),
+        ("erf", math.erf, 1e-7),
+        ("sigmoid", lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0, 2e-7),
     ):
         raw = tvm.IRModule({"main": _unary_kernel(op, n)})
         func = cpu_schedules.vectorizable_math_pass()(raw)["main"]
@@ -446,14 +447,17 @@ def test_vectorized_exp_erf_sigmoid_match_libm():
         rule, script = _first_match(func)
         assert rule == "Injective" and "T.vectorized" in script and f"T.{op}(" not in script
         sch = cpu_schedules.Injective().apply(func, tvm.target.Target(TARGET), False)
-        lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), TARGET)
+        lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), TARGET)
+        # A NaN test with tirx.isnan extracts, compares and reinserts each lane (vinsertps, vshufps).
+        lane_by_lane = {"vinsertps", "vextractps", "vshufps", "vunpcklps"}
+        assert not lane_by_lane & set(lib.inspect_source("asm").split()), op
         out = tvm.runtime.tensor(np.zeros(n, np.float32))
         lib["main"](tvm.runtime.tensor(x), out)
         got = out.numpy()
         with np.errstate(over="ignore"):  # float32 as libm's expf gives it: inf above ~88.72
             want = np.array([reference(float(v)) if not math.isnan(v) else math.nan for v in x]).astype(np.float32)
         finite = np.isfinite(want) & (np.abs(want) > 1e-37)
-        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=1e-7, err_msg=op)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=atol, err_msg=op)
         assert np.isnan(got[n - 8]), op
         assert np.array_equal(got[n - 7 : n - 5], want[n - 7 : n - 5]), op
 
