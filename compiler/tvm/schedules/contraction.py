@@ -37,6 +37,7 @@ from .base import (
     vectorize_innermost,
     whole_vector_tile,
 )
+from .flat_map import flatten_pointwise_map
 from .panel import packable_operand, panel_axes
 from .register_tile import ContractionInfo, outer_tile, padded_rows, reduction_chunk, tile_sizes
 
@@ -100,6 +101,11 @@ class Contraction(SafeRule):
         main, info = found
         unit = vector_unit(target)
         lanes = unit.lanes(str(sch.get(main).writes[0].source.dtype))
+        if flatten_pointwise_map(sch, main, info, lanes, unit.accumulators):
+            found = main_contraction(sch, main_name)
+            if found is None:
+                return None
+            main, info = found
 
         n = info.extents[info.vec]
         # A symbolic axis of a matmul is padded to whole tiles too: a guard inside the accumulation ran

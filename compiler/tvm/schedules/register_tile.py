@@ -42,22 +42,47 @@ def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, budget: int)
     with the best estimate wins; on a tie, the one reusing each weight vector most. ResNet-50 at 1x3x224x224
     ran 71.6 ms with one vector a row and 66.6 with these (AMD EPYC Zen 3, AVX2).
     """
+    if not _tiles_outer(info, nr, lanes):
+        return 1, mr
+    _, ov, rows = best_outer_tile(info.extents[info.reg], info.extents[info.outer], budget)
+    return ov, rows
+
+
+def _tiles_outer(info: ContractionInfo, nr: int, lanes: int) -> bool:
     reduction = product_of(info.extents[p] for p in info.reduce)
-    if info.outer is None or nr != lanes or info.reg is None or info.reg in info.symbolic:
-        return 1, mr
-    if reduction < MIN_OUTER_TILE_REDUCTION:
-        return 1, mr
-    best = (0.0, 0, 0, 1, mr)
+    return (
+        info.outer is not None
+        and nr == lanes
+        and info.reg is not None
+        and info.reg not in info.symbolic
+        and reduction >= MIN_OUTER_TILE_REDUCTION
+    )
+
+
+def best_outer_tile(columns: int, blocks: int, budget: int) -> tuple[float, int, int]:
+    """``(efficiency, ov, rows)`` of the best ``ov x rows`` tile over ``blocks`` output channel blocks and
+    ``columns`` positions, each a divisor (see ``outer_tile`` for the estimate)."""
+    best = (0.0, 0, 0, 1, 1)
     for rows in range(1, budget + 1):
-        if info.extents[info.reg] % rows:
+        if columns % rows:
             continue
         for ov in range(1, budget // rows + 1):
-            if info.extents[info.outer] % ov:
+            if blocks % ov:
                 continue
             fmas = ov * rows / 2
             efficiency = fmas / max(fmas, (ov + rows) / 2, 4.0, float(ov))
             best = max(best, (round(efficiency, 3), rows, ov * rows, ov, rows))
-    return best[3], best[4]
+    return best[0], best[3], best[4]
+
+
+def flattening_pays(info: ContractionInfo, lanes: int, budget: int, flattened: int) -> bool:
+    """Whether a channel-blocked conv's tile estimate improves with its columns' axis ``flattened`` to
+    ``flattened`` positions (its rows and columns as one: see ``flat_map.py``)."""
+    _, nr = tile_sizes(info, lanes, budget)
+    if not _tiles_outer(info, nr, lanes):
+        return False
+    blocks = info.extents[info.outer]
+    return best_outer_tile(flattened, blocks, budget)[0] > best_outer_tile(info.extents[info.reg], blocks, budget)[0]
 
 
 # A padded row tile may compute at most this share of rows past the extent.

@@ -4,6 +4,7 @@ it (vectorized, parallel when large), and the compiled model still matches ONNX 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import onnx
@@ -385,6 +386,36 @@ def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chu
     assert fmas >= 8 and stack == 0, (fmas, stack)  # the row buffer's tile stays in registers
 
 
+def _pointwise_blocked_model(out_channels: int = 112, size: int = 14) -> bytes:
+    """Relu(Conv1x1(x) + b), 64 -> ``out_channels`` on a ``size`` x ``size`` map."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["t"], ["y"]),
+    ]
+    weights = [_const("w", (out_channels, 64, 1, 1), 0.1), _const("b", (out_channels,))]
+    return _model(nodes, ["batch", 64, size, size], ["batch", out_channels, size, size], weights)
+
+
+@pytest.mark.parametrize(("size", "flattened"), [(14, True), (28, False)])
+def test_a_blocked_pointwise_conv_tiles_its_flattened_map_where_the_width_gives_a_poor_tile(size, flattened, store):
+    """14 output channel blocks (EfficientNet's 112 channels) on a 14-wide map: the best tile over the columns
+    was 1 block x 7 (an FMA's latency bound); over the 196 positions it is 2 x 4. A 28-wide map's columns
+    already give 2 x 4 and stay as they are. Both verify against ONNX Runtime."""
+    model = _pointwise_blocked_model(size=size)
+    bucket = {"x": (1, 64, size, size)}
+    kernels = _fused_kernels(model, bucket, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
+    assert (f'T.int64({size * size}), T.int64(8)), scope="local"' in script) == flattened, script
+    tile = [int(n) for n in re.findall(r"_init in T\.unroll\(T\.int64\((\d+)\)\)", script)]
+    assert tile == [2, 4], script  # 2 output channel blocks x 4 positions
+    fmas, stack = _fma_loop_stack_traffic(func, "haswell")
+    assert fmas >= 8 and stack == 0, (fmas, stack)
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
 def test_default_schedule_pass_marks_every_kernel_scheduled_and_records_by_what():
     kernels = _fused_kernels(synthetic.fpn_model(), {"x": (1, 4, 32, 48)})
     tuned = next(iter(kernels))  # as MetaScheduleApplyDatabase leaves a kernel it found a record for
@@ -475,7 +506,6 @@ def test_vector_unit_comes_from_the_cpu_features_not_llvms_vector_width(mcpu, bi
 
 def _spilled_vector_stores(func, mcpu: str) -> tuple[int, int, int]:
     """(vector stores to the stack, ymm uses, zmm uses) in the assembly of ``func`` scheduled for ``mcpu``."""
-    import re
 
     from tvm.driver import build as tvm_build
 
@@ -491,7 +521,6 @@ def _spilled_vector_stores(func, mcpu: str) -> tuple[int, int, int]:
 def _fma_loop_stack_traffic(func, mcpu: str) -> tuple[int, int]:
     """(FMAs, vector loads or stores on the stack) in the innermost loop holding the FMAs: the reduction
     that must keep its accumulators and operands in registers."""
-    import re
 
     from tvm.driver import build as tvm_build
 
