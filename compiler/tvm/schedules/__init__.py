@@ -16,8 +16,8 @@ schedule that applies computes what the naive loops compute.
 - :class:`Injective` -- elementwise, broadcast, transpose, reshape, pad.
 
 :func:`vectorizable_math_pass` runs before the rules (and before tuning
-extracts its tasks): it replaces float32 ``erf`` / ``exp`` / ``sigmoid``
-blocks by polynomials LLVM can vectorize. The rules themselves use traced
+extracts its tasks): it replaces float32 ``erf`` / ``exp`` / ``sigmoid`` /
+``tanh`` blocks by polynomials LLVM can vectorize. The rules themselves use traced
 schedule primitives only, so a rule's schedule can be stored and replayed as
 a tuning record.
 

@@ -1,5 +1,5 @@
-"""Vectorizable float32 math: erf, exp and sigmoid rewritten as polynomials
-LLVM can vectorize (it has no vector erf and calls expf once per lane).
+"""Vectorizable float32 math: erf, exp, sigmoid and tanh rewritten as polynomials
+LLVM can vectorize (it has no vector erf and calls expf and tanhf once per lane).
 
 Each value a polynomial uses more than once is bound by a ``Let``, and NaN is tested on the
 bits: both keep the expressions vectorized and small (see ``_let`` and ``_nan_kept``)."""
@@ -52,6 +52,18 @@ _LOGISTIC_BETA = (
     9.93151921023180e-01,
 )
 _LOGISTIC_RANGE = 18.0
+# Eigen's rational tanh (MLAS's too): tanh(x) = x * P(x^2) / Q(x^2) on [-9, 9].
+_TANH_ALPHA = (
+    -2.76076847742355e-16,
+    2.00018790482477e-13,
+    -8.60467152213735e-11,
+    5.12229709037114e-08,
+    1.48572235717979e-05,
+    6.37261928875436e-04,
+    4.89352455891786e-03,
+)
+_TANH_BETA = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
+_TANH_RANGE = 9.0
 
 
 def _f32(value: float):
@@ -137,8 +149,20 @@ def _sigmoid_float32(arg):
     return _let(arg, body)
 
 
+def _tanh_float32(arg):
+    """tanh as ONNX Runtime computes it: LLVM calls libm's tanhf once per lane."""
+
+    def rational(a, x, x2):
+        return _nan_kept(a, _clamped(x * _polynomial(x2, _TANH_ALPHA) / _polynomial(x2, _TANH_BETA), -1.0, 1.0))
+
+    def body(a):
+        return _let(_clamped(a, -_TANH_RANGE, _TANH_RANGE), lambda x: _let(x * x, lambda x2: rational(a, x, x2)))
+
+    return _let(arg, body)
+
+
 def vectorizable_math_pass() -> tvm.transform.Pass:
-    """Rewrite the float32 erf / exp / sigmoid blocks of every unscheduled TIR function."""
+    """Rewrite the float32 erf / exp / sigmoid / tanh blocks of every unscheduled TIR function."""
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_vectorizable_math")
     def _rewrite(mod: tvm.ir.IRModule, _ctx) -> tvm.ir.IRModule:
@@ -159,10 +183,10 @@ def vectorizable_math_pass() -> tvm.transform.Pass:
 
 
 def _vectorizable_math(sch: s_tir.Schedule) -> bool:
-    """Replace float32 ``B[i] = erf(A[i])`` / ``exp`` / ``sigmoid`` blocks by polynomials.
+    """Replace float32 ``B[i] = erf(A[i])`` / ``exp`` / ``sigmoid`` / ``tanh`` blocks by polynomials.
 
     LLVM has no vector erf (each element calls libm's erff: GELU's erf cost 4x its matmul)
-    and turns a vector exp into one expf call per lane. The polynomials vectorize.
+    and turns a vector exp or tanh into one libm call per lane. The polynomials vectorize.
     Returns whether a block was rewritten.
     """
     changed = False
@@ -170,6 +194,7 @@ def _vectorizable_math(sch: s_tir.Schedule) -> bool:
         tvm.ir.Op.get("tirx.erf"): _erf_float32,
         tvm.ir.Op.get("tirx.exp"): _exp_float32,
         tvm.ir.Op.get("tirx.sigmoid"): _sigmoid_float32,
+        tvm.ir.Op.get("tirx.tanh"): _tanh_float32,
     }
     for block_rv in root_blocks(sch):
         block = sch.get(block_rv)

@@ -481,9 +481,9 @@ def _unary_kernel(op: str, n: int):
     return tvm.te.create_prim_func([a, b])
 
 
-def test_vectorized_exp_erf_sigmoid_match_libm_lane_parallel():
-    """The polynomial rewrites stay within float32 rounding of libm (the logistic within ONNX Runtime's
-    2e-7), NaN and infinities included, and their vector code never handles lanes one at a time."""
+def test_vectorized_exp_erf_sigmoid_tanh_match_libm_lane_parallel():
+    """The polynomial rewrites stay within float32 rounding of libm (the logistic and tanh within ONNX
+    Runtime's 2e-7), NaN and infinities included, and their vector code never handles lanes one at a time."""
     n = 4096 + 8
     grid = np.linspace(-95.0, 95.0, n - 8, dtype=np.float32)
     x = np.concatenate([grid, np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.7, 1e-30, -4.5])])
@@ -491,6 +491,7 @@ def test_vectorized_exp_erf_sigmoid_match_libm_lane_parallel():
         ("exp", lambda v: math.exp(v) if v < 89 else math.inf, 1e-7),
         ("erf", math.erf, 1e-7),
         ("sigmoid", lambda v: 1 / (1 + math.exp(-v)) if v > -700 else 0.0, 2e-7),
+        ("tanh", math.tanh, 2e-7),
     ):
         raw = tvm.IRModule({"main": _unary_kernel(op, n)})
         func = cpu_schedules.vectorizable_math_pass()(raw)["main"]
