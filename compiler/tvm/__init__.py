@@ -20,5 +20,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # blocked model's matmul reads its weight from column panels, layout transforms fuse as gathers; 17: the
 # logistic is a rational function, polynomials bind their repeated values by Let, NaN is tested on the bits;
 # 18: a blocked 1x1 conv's map is flattened where its width gives a poor register tile; 19: a blocked pad
-# computed up front runs a row per parallel iteration; 20: tanh is a rational function).
+# computed up front runs a row per parallel iteration; 20: tanh is a rational function, x ** 2 and x ** 3 are
+# products).
 COMPILER_VERSION = "20"

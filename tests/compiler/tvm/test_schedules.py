@@ -514,6 +514,25 @@ def test_vectorized_exp_erf_sigmoid_tanh_match_libm_lane_parallel():
         assert np.array_equal(got[n - 7 : n - 5], want[n - 7 : n - 5]), op
 
 
+@pytest.mark.parametrize(("exponent", "rewritten"), [(2.0, True), (3.0, True), (2.5, False)])
+def test_a_square_or_cube_is_computed_as_products_and_other_powers_are_left_to_libm(exponent, rewritten):
+    """A tanh-form GELU's x ** 3: powf is called once per lane; x * x * x vectorizes and agrees to rounding."""
+    n = 4096
+    a = tvm.te.placeholder((n,), "float32", "a")
+    b = tvm.te.compute((n,), lambda i: tvm.tirx.power(a[i], tvm.tirx.const(exponent, "float32")), name="b")
+    raw = tvm.IRModule({"main": tvm.te.create_prim_func([a, b])})
+    func = cpu_schedules.vectorizable_math_pass()(raw)["main"]
+    assert ("T.pow(" not in func.script()) == rewritten
+    sch = cpu_schedules.Injective().apply(func, tvm.target.Target(TARGET), False)
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), TARGET)
+    x = np.linspace(-30.0, 30.0, n, dtype=np.float32)
+    out = tvm.runtime.tensor(np.zeros(n, np.float32))
+    lib["main"](tvm.runtime.tensor(x), out)
+    with np.errstate(invalid="ignore"):  # a negative base to 2.5 is NaN, as powf gives
+        want = np.power(x.astype(np.float64), exponent)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("mcpu", "bits", "registers"),
     [("haswell", 256, 16), ("znver3", 256, 16), ("znver4", 512, 32), ("skylake-avx512", 512, 32), ("x86-64", 128, 16)],
