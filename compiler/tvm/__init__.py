@@ -18,7 +18,7 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # parallel, a grouped conv pads per output row; 15: channel-blocked convs of 1M multiply-adds run in parallel;
 # 16: the RGB first conv reads its input in NCHW, a matmul over a batch of rows runs over all of them, a
 # blocked model's matmul reads its weight from column panels, layout transforms fuse as gathers; 17: the
-# logistic is a rational function, polynomials bind their repeated values by Let, NaN is tested on the bits;
+# logistic is a rational function, NaN is tested on the bits;
 # 18: a blocked 1x1 conv's map is flattened where its width gives a poor register tile; 19: a blocked pad
 # computed up front runs a row per parallel iteration; 20: tanh is a rational function, x ** 2 and x ** 3 are
 # products).

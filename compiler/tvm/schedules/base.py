@@ -295,3 +295,30 @@ def inline_injective(sch: s_tir.Schedule, keep: set[str] | None = None) -> None:
                 break
             if changed:
                 break
+
+
+def vectorize_tile(
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    tile: LoopRV | None,
+    lanes: int | None = None,
+    max_copies: int = MAX_UNROLLED_COPIES,
+) -> None:
+    """The loops of ``block`` under ``tile``: vectorize the innermost, unroll the others. A symbolic
+    innermost loop (a per-channel pad of a symbolic width) is vectorized in ``lanes``, its tail peeled."""
+    loops = sch.get_loops(block)
+    if tile is not None:
+        loops = loops[loop_depth(sch, tile) :]
+    if loops and lanes and loop_extent(sch, loops[-1]) is None and loop_bound(sch, loops[-1]) is not None:
+        sch.vectorize(split_symbolic(sch, loops[-1], lanes)[1])
+    elif loops and (loop_extent(sch, loops[-1]) or 1) > 1:
+        sch.vectorize(loops[-1])
+    # Unroll from the inside out while the copies stay few: a tile can be a whole padded image.
+    copies = 1
+    for loop in reversed(loops[:-1]):
+        extent = loop_extent(sch, loop) or 1
+        if extent > 1:
+            if copies * extent > max_copies:
+                break
+            sch.unroll(loop)
+            copies *= extent

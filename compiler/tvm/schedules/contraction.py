@@ -11,7 +11,6 @@ from tvm import s_tir, tirx
 
 from .base import (
     MAX_UNROLLED_COPIES,
-    PARALLEL_MIN_ELEMENTS,
     PARALLEL_MIN_MACS,
     PARALLEL_MIN_MACS_BLOCKED,
     PARALLEL_MIN_MACS_NO_REUSE,
@@ -24,8 +23,6 @@ from .base import (
     inline_injective,
     is_spatial,
     loop_bound,
-    loop_depth,
-    loop_extent,
     product_of,
     root_blocks,
     split_symbolic,
@@ -34,10 +31,11 @@ from .base import (
     trivially_bound,
     vars_of,
     vector_unit,
-    vectorize_innermost,
+    vectorize_tile,
     whole_vector_tile,
 )
 from .flat_map import flatten_pointwise_map
+from .pads import pad_per_channel, schedule_pad_stage
 from .panel import packable_operand, panel_axes
 from .register_tile import ContractionInfo, outer_tile, padded_rows, reduction_chunk, tile_sizes
 
@@ -267,15 +265,15 @@ class Contraction(SafeRule):
             pad_at = _packed_pad_row(sch, info, producers, second, loops)
         for name in producers:
             if pad_at is None:
-                _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
+                schedule_pad_stage(sch, sch.get_sblock(name), lanes)
                 continue
             # On a copy: decompose_padding refuses a pad read with a stride (a strided 1x1 conv, as in
             # ResNet's downsample shortcut), and the pad is then computed once up front instead.
             trial = sch.copy()
             try:
-                _pad_per_channel(trial, trial.get_sblock(name), pad_at, lanes, decompose=decompose)
+                pad_per_channel(trial, trial.get_sblock(name), pad_at, lanes, decompose=decompose)
             except s_tir.schedule.ScheduleError:
-                _schedule_pad_stage(sch, sch.get_sblock(name), lanes)
+                schedule_pad_stage(sch, sch.get_sblock(name), lanes)
             else:
                 sch = trial
         return sch
@@ -394,76 +392,6 @@ def _packed_pad_row(
     tiled = (info.vec, info.reg, info.outer)
     rows = [p for p in info.spatial if p not in tiled and info.extents[p] > 1 and loops[p] in serial]
     return loops[rows[0]] if rows else None
-
-
-def _pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: int, *, decompose: bool) -> None:
-    """The pad computed inside the parallel loop, for the channels (and rows) each iteration reads: a
-    zero fill and a copy of the interior, or (``decompose`` false) one pass whose bounds test is per
-    pixel, not per lane (decompose_padding refuses a few rows of taps, and they ran 30% faster so)."""
-    sch.compute_at(block, fused, preserve_unit_loops=True)
-    sch.set_scope(block, 0, "local")
-    if not decompose:
-        vectorize_tile(sch, block, fused, lanes)
-        return
-    fill = sch.decompose_padding(block, sch.get_loops(block)[loop_depth(sch, fused)])
-    vectorize_tile(sch, fill, fused, lanes)
-    vectorize_tile(sch, block, fused, lanes)
-
-
-def _schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:
-    """A root-level pad: a zero fill plus a vectorized copy of the interior, or for a channel-blocked map
-    (its innermost loop one vector) one pass a row at a time (see ``_pad_by_rows``)."""
-    parallel = total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS
-    loops = sch.get_loops(block)
-    if len(loops) >= 3 and loop_extent(sch, loops[-1]) == lanes and all(loop_extent(sch, x) for x in loops):
-        _pad_by_rows(sch, block, parallel)
-        return
-    if has_if_then_else(sch.get(block)):
-        fill = None
-        with contextlib.suppress(Exception):
-            fill = sch.decompose_padding(block, sch.get_loops(block)[0])
-        if fill is not None:
-            vectorize_innermost(sch, fill, lanes, parallel)
-    vectorize_innermost(sch, block, lanes, parallel)
-
-
-def _pad_by_rows(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> None:
-    """A blocked map's pad in one pass: a row per parallel iteration, its pixels in a serial loop, each
-    pixel's vector stored whole (the bounds test is per pixel). Fused down to single pixels, as a zero
-    fill and then a copy, every vector paid a division and a modulo per index: ResNet-50's 64-channel
-    3x3 conv at 56x56 ran 1.65 ms, 1.33 so, against ONNX Runtime's 1.26 (AMD EPYC Zen 3, AVX2)."""
-    loops = sch.get_loops(block)
-    sch.vectorize(loops[-1])
-    rows = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
-    if parallel:
-        sch.parallel(rows)
-
-
-def vectorize_tile(
-    sch: s_tir.Schedule,
-    block: SBlockRV,
-    tile: LoopRV | None,
-    lanes: int | None = None,
-    max_copies: int = MAX_UNROLLED_COPIES,
-) -> None:
-    """The loops of ``block`` under ``tile``: vectorize the innermost, unroll the others. A symbolic
-    innermost loop (a per-channel pad of a symbolic width) is vectorized in ``lanes``, its tail peeled."""
-    loops = sch.get_loops(block)
-    if tile is not None:
-        loops = loops[loop_depth(sch, tile) :]
-    if loops and lanes and loop_extent(sch, loops[-1]) is None and loop_bound(sch, loops[-1]) is not None:
-        sch.vectorize(split_symbolic(sch, loops[-1], lanes)[1])
-    elif loops and (loop_extent(sch, loops[-1]) or 1) > 1:
-        sch.vectorize(loops[-1])
-    # Unroll from the inside out while the copies stay few: a tile can be a whole padded image.
-    copies = 1
-    for loop in reversed(loops[:-1]):
-        extent = loop_extent(sch, loop) or 1
-        if extent > 1:
-            if copies * extent > max_copies:
-                break
-            sch.unroll(loop)
-            copies *= extent
 
 
 # --------------------------------------------------------------------------- row-reduction helpers

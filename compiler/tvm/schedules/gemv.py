@@ -15,8 +15,9 @@ from .base import (
     root_blocks,
     target_cores,
     vector_unit,
+    vectorize_tile,
 )
-from .contraction import main_contraction, vectorize_tile
+from .contraction import main_contraction
 
 # Independent accumulators a column tile keeps: an FMA's latency (4 cycles) times the two FMA ports.
 GEMV_ACCUMULATORS = 8

@@ -1,8 +1,8 @@
 """Vectorizable float32 math: erf, exp, sigmoid and tanh rewritten as polynomials
 LLVM can vectorize (it has no vector erf and calls expf and tanhf once per lane).
 
-Each value a polynomial uses more than once is bound by a ``Let``, and NaN is tested on the
-bits: both keep the expressions vectorized and small (see ``_let`` and ``_nan_kept``)."""
+NaN is tested on the bits, and clamps are min / max: both keep the expressions vectorized and
+small (see ``_let`` and ``_nan_kept``)."""
 
 from __future__ import annotations
 
@@ -88,11 +88,11 @@ def _polynomial(x, coefficients):
 
 
 def _let(value, body):
-    """``body(v)`` with ``v`` bound to ``value`` once: a value used n times is otherwise copied n times
-    into the expression, and the polynomials nest such uses (an epilogue's 300 copies of its input
-    took 200 s to simplify)."""
-    var = tirx.Var("v", "float32")
-    return tirx.Let(var, value, body(var))
+    """``body(value)``. Not a ``tirx.Let``: MetaSchedule's task scheduler estimates each task's flops with
+    a visitor that has no rule for it, and tuning failed. The polynomials keep the copies of their
+    argument few (min / max clamps use it once each; a clamp by comparisons used it twice at every level,
+    and an epilogue's 300 copies took 200 s to simplify)."""
+    return body(value)
 
 
 def _clamped(arg, low: float, high: float):
