@@ -2,7 +2,7 @@
 LLVM can vectorize (it has no vector erf and calls expf and tanhf once per lane).
 
 NaN is tested on the bits, and clamps are min / max: both keep the expressions vectorized and
-small (see ``_let`` and ``_nan_kept``)."""
+small (see ``_clamped`` and ``_nan_kept``)."""
 
 from __future__ import annotations
 
@@ -87,78 +87,47 @@ def _polynomial(x, coefficients):
     return result
 
 
-def _let(value, body):
-    """``body(value)``. Not a ``tirx.Let``: MetaSchedule's task scheduler estimates each task's flops with
-    a visitor that has no rule for it, and tuning failed. The polynomials keep the copies of their
-    argument few (min / max clamps use it once each; a clamp by comparisons used it twice at every level,
-    and an epilogue's 300 copies took 200 s to simplify)."""
-    return body(value)
-
-
 def _clamped(arg, low: float, high: float):
+    """min / max use ``arg`` once each. A clamp by comparisons used it twice at every level: an epilogue's
+    polynomial held some 300 copies of its input and took 200 s to simplify. (A ``tirx.Let`` would bind it
+    once, but MetaSchedule's task scheduler estimates each task's flops with a visitor that has no rule
+    for ``Let``, and tuning failed.)"""
     return tirx.max(tirx.min(arg, _f32(high)), _f32(low))
 
 
-def _erf_float32(arg):
-    def body(a):
-        return _let(
-            _clamped(a, -4.0, 4.0),
-            lambda x: _let(
-                x * x, lambda x2: _nan_kept(a, x * _polynomial(x2, _ERF_ALPHA) / _polynomial(x2, _ERF_BETA))
-            ),
-        )
+def _rational(arg, alpha, beta, limit: float):
+    """``x * P(x^2) / Q(x^2)`` of ``arg`` clamped to [-limit, limit]."""
+    x = _clamped(arg, -limit, limit)
+    x2 = x * x
+    return x * _polynomial(x2, alpha) / _polynomial(x2, beta)
 
-    return _let(arg, body)
+
+def _erf_float32(arg):
+    return _nan_kept(arg, _rational(arg, _ERF_ALPHA, _ERF_BETA, 4.0))
 
 
 def _exp_float32(arg):
-    def reduced(a, x, n):
-        # Cody-Waite: f = x - n ln 2 in two constants.
-        def poly(f):
-            y = _polynomial(f, _EXP_POLY)
-            y = y * f * f + f + _f32(1.0)
-            exponent = tirx.shift_left(tirx.Cast("int32", n + _f32(126.0)), tirx.const(23, "int32"))
-            result = y * tirx.reinterpret("float32", exponent) * _f32(2.0)
-            # Above the range, and for NaN: a + inf is +inf, or NaN, as expf gives.
-            return tirx.Select(a <= _f32(_EXP_HI), result, a + _f32(float("inf")))
-
-        return _let(x - n * _f32(0.693359375) - n * _f32(-2.12194440e-4), poly)
-
-    def body(a):
-        return _let(
-            _clamped(a, _EXP_LO, _EXP_HI),
-            lambda x: _let(tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5)), lambda n: reduced(a, x, n)),
-        )
-
-    return _let(arg, body)
+    x = _clamped(arg, _EXP_LO, _EXP_HI)
+    n = tirx.floor(x * _f32(1.44269504088896341) + _f32(0.5))
+    f = x - n * _f32(0.693359375) - n * _f32(-2.12194440e-4)  # Cody-Waite: x - n ln 2 in two constants
+    y = _polynomial(f, _EXP_POLY) * f * f + f + _f32(1.0)
+    exponent = tirx.shift_left(tirx.Cast("int32", n + _f32(126.0)), tirx.const(23, "int32"))
+    result = y * tirx.reinterpret("float32", exponent) * _f32(2.0)
+    # Above the range, and for NaN: arg + inf is +inf, or NaN, as expf gives.
+    return tirx.Select(arg <= _f32(_EXP_HI), result, arg + _f32(float("inf")))
 
 
 def _sigmoid_float32(arg):
     """The logistic as ONNX Runtime computes it: a rational function, half the work of
-    ``1 / (1 + exp(-x))`` (a SiLU net spent a quarter of its run in it)."""
-
-    def rational(a, x, x2):
-        logistic = x * _polynomial(x2, _LOGISTIC_ALPHA) / _polynomial(x2, _LOGISTIC_BETA) + _f32(0.5)
-        return _nan_kept(a, _clamped(logistic, 0.0, 1.0))  # a rounding past 1 (or 0) is cut back
-
-    def body(a):
-        return _let(
-            _clamped(a, -_LOGISTIC_RANGE, _LOGISTIC_RANGE), lambda x: _let(x * x, lambda x2: rational(a, x, x2))
-        )
-
-    return _let(arg, body)
+    ``1 / (1 + exp(-x))`` (a SiLU net spent a quarter of its run in it). A rounding past 1 (or 0)
+    is cut back."""
+    logistic = _rational(arg, _LOGISTIC_ALPHA, _LOGISTIC_BETA, _LOGISTIC_RANGE) + _f32(0.5)
+    return _nan_kept(arg, _clamped(logistic, 0.0, 1.0))
 
 
 def _tanh_float32(arg):
     """tanh as ONNX Runtime computes it: LLVM calls libm's tanhf once per lane."""
-
-    def rational(a, x, x2):
-        return _nan_kept(a, _clamped(x * _polynomial(x2, _TANH_ALPHA) / _polynomial(x2, _TANH_BETA), -1.0, 1.0))
-
-    def body(a):
-        return _let(_clamped(a, -_TANH_RANGE, _TANH_RANGE), lambda x: _let(x * x, lambda x2: rational(a, x, x2)))
-
-    return _let(arg, body)
+    return _nan_kept(arg, _clamped(_rational(arg, _TANH_ALPHA, _TANH_BETA, _TANH_RANGE), -1.0, 1.0))
 
 
 def _power_float32(base, exponent):
@@ -166,9 +135,7 @@ def _power_float32(base, exponent):
     tanh-form GELU's x ** 3 over 1x128x3072 took 2.5 ms against ONNX Runtime's 0.5 for the whole GELU)."""
     if not isinstance(exponent, tirx.FloatImm) or float(exponent.value) not in (2.0, 3.0):
         return None
-    if float(exponent.value) == 2.0:
-        return _let(base, lambda x: x * x)
-    return _let(base, lambda x: x * x * x)
+    return base * base if float(exponent.value) == 2.0 else base * base * base
 
 
 def vectorizable_math_pass() -> tvm.transform.Pass:
