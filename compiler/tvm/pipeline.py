@@ -15,6 +15,7 @@ compile child only (imports TVM). The stages' identity in artifact keys is
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 
 import tvm
@@ -25,6 +26,8 @@ from ..engines import TRANSFORM_PARAMS
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
+
+_log = logging.getLogger(__name__)
 
 
 def _backend(target: tvm.target.Target):
@@ -82,7 +85,13 @@ def default_schedule_pass(
             return None
         target_here = func.attrs.get("target") if func.attrs else None
         for rule in rules:
-            space = rule.apply(func, target_here or tvm.target.Target.current(allow_none=False), False)
+            try:
+                space = rule.apply(func, target_here or tvm.target.Target.current(allow_none=False), False)
+            except (AssertionError, RuntimeError, ValueError) as error:
+                # dlight's GPU Matmul asserts on a fused epilogue it cannot inline (a conv with a SiLU or
+                # hardswish after it, on CUDA): a rule that fails on a kernel declines it, and the next tries.
+                _log.info("%s declined %s: %s: %s", type(rule).__name__, name, type(error).__name__, error)
+                continue
             if space is not None:
                 record[name] = type(rule).__name__
                 chosen = space[0] if isinstance(space, list) else space
