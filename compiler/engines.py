@@ -12,6 +12,7 @@ import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
 from .arrays import contiguous
+from .cuda_math import use_exact_cuda_math
 from .errors import BadRequestError
 
 
@@ -133,6 +134,8 @@ class TvmEngine:
 
         self._tvm = tvm
         self._device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+        if device == "cuda":
+            use_exact_cuda_math()  # a library built without a GPU holds CUDA source, compiled as it loads
         weights = weights or []
         if weights and isinstance(weights[0], np.ndarray):
             weights = device_weights(weights, device)

@@ -20,6 +20,7 @@ import tvm
 
 from ..arrays import compare_outputs, random_inputs
 from ..buckets import dim_step, is_symbolic
+from ..cuda_math import use_exact_cuda_math
 from ..engines import OrtEngine, TvmEngine
 from ..errors import CompileError, UnsupportedOperatorError
 from ..memory import anonymous_resident_bytes
@@ -105,6 +106,8 @@ def compile_relax(
     ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with; ``snapshot``: called
     with each stage's name and module (an explain bundle's record)."""
     target = tvm.target.Target(target_dict)
+    if target.kind.name == "cuda":
+        use_exact_cuda_math()
     try:
         pipeline = build_pipeline(target, database, stage_seconds, observed, symbolic_bounds, snapshot=snapshot)
         return tvm.compile(mod, target, relax_pipeline=pipeline)
