@@ -240,6 +240,10 @@ def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     groups = int(attrs.groups)
     blocked_input = len(call.args[0].ty.shape.values) == 5
     depthwise = groups > 1 and len(call.args[1].ty.shape.values) != 6
+    data = call.args[0]
+    if _subsamples(call, blocked_input):
+        data = bb.emit_te(_subsample, data, stride_h, stride_w, primfunc_name_hint="subsample")
+        stride_h = stride_w = 1
 
     def conv(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
         batch, in_blocks, height, width = (_dim(d) for d in data.shape[:4])
@@ -299,7 +303,30 @@ def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
         return te.compute((batch, out_blocks, out_height, out_width, block), body, name="conv2d_nchwc")
 
-    return bb.call_te(conv, call.args[0], call.args[1], primfunc_name_hint="conv2d_nchwc")
+    return bb.call_te(conv, data, call.args[1], primfunc_name_hint="conv2d_nchwc")
+
+
+def _subsamples(call: relax.Call, blocked_input: bool) -> bool:
+    """A strided 1x1 conv over a blocked map (ResNet's downsample shortcut) reads every s-th pixel: its
+    weights met half-used cache lines of an input twice the size."""
+    kernel = _static_shape(call.args[1])
+    attrs = call.attrs
+    return (
+        blocked_input
+        and kernel is not None
+        and int(attrs.groups) == 1
+        and kernel[2:4] == [1, 1]
+        and any(int(s) > 1 for s in attrs.strides)
+        and not any(int(p) for p in attrs.padding)
+        and all(int(d) == 1 for d in attrs.dilation)
+        and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape.values)
+    )
+
+
+def _subsample(data: te.Tensor, stride_h: int, stride_w: int) -> te.Tensor:
+    batch, blocks, height, width, lanes = (int(d) for d in data.shape)
+    shape = (batch, blocks, (height - 1) // stride_h + 1, (width - 1) // stride_w + 1, lanes)
+    return te.compute(shape, lambda n, c, y, x, i: data[n, c, y * stride_h, x * stride_w, i], name="subsample")
 
 
 def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
