@@ -31,6 +31,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
+from .resize import resize2d
 from .schedules.base import (
     SymbolicBounds,
     extent_bound,
@@ -376,6 +377,7 @@ def _layout_transform(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 _DEFAULT_CONV2D = tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")
 _DEFAULT_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform").get_attr("FLegalize")
 _DEFAULT_CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose").get_attr("FLegalize")
+_DEFAULT_RESIZE2D = tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")
 
 
 def custom_legalizations(symbolic_bounds: SymbolicBounds | None = None) -> dict:
@@ -394,4 +396,5 @@ def custom_legalizations(symbolic_bounds: SymbolicBounds | None = None) -> dict:
         "relax.nn.conv2d": planned(_conv2d),
         "relax.nn.conv2d_transpose": planned(_conv2d_transpose),
         "relax.layout_transform": _layout_transform,
+        "relax.image.resize2d": lambda bb, call: resize2d(bb, call, _DEFAULT_RESIZE2D),
     }

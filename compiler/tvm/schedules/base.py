@@ -277,15 +277,21 @@ def vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, lanes: int, parall
             sch.parallel(fused)
 
 
+# A block annotation: the block is a stage of its own, computed once, never inlined into its consumers (a
+# resize's first pass, see resize.py).
+STAGE_ANNOTATION = "jitserve_stage"
+
+
 def inline_injective(sch: s_tir.Schedule, keep: set[str] | None = None) -> None:
-    """Inline every spatial block that can be (except ``keep``): into consumers, then producers."""
+    """Inline every spatial block that can be (except ``keep`` and stages): into consumers, then producers."""
     keep = keep or set()
     changed = True
     while changed:
         changed = False
         for inline in (sch.compute_inline, sch.reverse_compute_inline):
             for block in root_blocks(sch):
-                if sch.get(block).name_hint in keep or not is_spatial(sch, block):
+                stmt = sch.get(block)
+                if stmt.name_hint in keep or STAGE_ANNOTATION in stmt.annotations or not is_spatial(sch, block):
                     continue
                 try:
                     inline(block)
