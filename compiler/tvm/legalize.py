@@ -31,7 +31,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, topi
 
-from .resize import resize2d
+from .resize import two_pass_resize
 from .schedules.base import (
     SymbolicBounds,
     extent_bound,
@@ -374,6 +374,11 @@ def _layout_transform(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(gather, call.args[0], primfunc_name_hint="layout_transform")
 
 
+def _resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    two_passes = two_pass_resize(bb, call) if _on_cpu() else None
+    return two_passes if two_passes is not None else _DEFAULT_RESIZE2D(bb, call)
+
+
 _DEFAULT_CONV2D = tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")
 _DEFAULT_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform").get_attr("FLegalize")
 _DEFAULT_CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose").get_attr("FLegalize")
@@ -396,5 +401,5 @@ def custom_legalizations(symbolic_bounds: SymbolicBounds | None = None) -> dict:
         "relax.nn.conv2d": planned(_conv2d),
         "relax.nn.conv2d_transpose": planned(_conv2d_transpose),
         "relax.layout_transform": _layout_transform,
-        "relax.image.resize2d": lambda bb, call: resize2d(bb, call, _DEFAULT_RESIZE2D),
+        "relax.image.resize2d": _resize2d,
     }

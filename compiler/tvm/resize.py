@@ -22,26 +22,23 @@ from .schedules.base import STAGE_ANNOTATION
 _MODES = ("half_pixel", "align_corners", "asymmetric")
 
 
-def resize2d(bb: relax.BlockBuilder, call: relax.Call, default) -> relax.Expr:
-    """Two passes where ``call`` is a float32 NCHW bilinear resize of static shape; ``default`` otherwise."""
+def two_pass_resize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
+    """Two passes where ``call`` is a float32 NCHW bilinear resize of static shape; ``None`` otherwise."""
     attrs = call.attrs
     data = call.args[0]
     shape = getattr(data.ty, "shape", None)
     dims = list(shape.values) if shape is not None and hasattr(shape, "values") else []
     size = list(call.args[1].values) if isinstance(call.args[1], relax.ShapeExpr) else []
     static = len(dims) == 4 and len(size) == 2 and all(isinstance(d, tvm.tirx.IntImm) for d in [*dims, *size])
-    target = tvm.target.Target.current(allow_none=True)
     if not (
         static
-        and target is not None
-        and target.kind.name == "llvm"
         and attrs.method == "linear"
         and attrs.layout == "NCHW"
         and attrs.coordinate_transformation_mode in _MODES
         and data.ty.dtype == "float32"
         and all(float(r) == 0.0 for r in attrs.roi)
     ):
-        return default(bb, call)
+        return None
     height, width = int(dims[2]), int(dims[3])
     out_height, out_width = int(size[0]), int(size[1])
     mode = attrs.coordinate_transformation_mode
@@ -76,9 +73,8 @@ def _taps(size: int, out_size: int, mode: str):
     half = tirx.const(0.5, "float32")
 
     def taps(out):
-        position = out.astype("float32") * scale_const
-        if mode == "half_pixel":
-            position = (out.astype("float32") + half) * scale_const - half
+        coordinate = out.astype("float32")
+        position = (coordinate + half) * scale_const - half if mode == "half_pixel" else coordinate * scale_const
         floor = tirx.floor(position)
         low = floor.astype("int64")
         last = tirx.const(size - 1, "int64")
