@@ -37,7 +37,7 @@ class OrtEngine:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if cuda and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
+            providers.insert(0, ("CUDAExecutionProvider", {"use_tf32": "0"}))  # fp32 answers, not TF32
         self.session = ort.InferenceSession(model_bytes, options, providers=providers)
         # Its Python wrapper keeps the model bytes for a provider fallback on failure, which would hold a
         # second copy of the weights for the session's life: without the fallback it needs none.
