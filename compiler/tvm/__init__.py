@@ -23,4 +23,4 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # computed up front runs a row per parallel iteration; 20: tanh is a rational function, x ** 2 and x ** 3 are
 # products; 21: CUDA source compiled without fast math, a dlight rule that fails on a kernel declines it;
 # 22: a strided 1x1 conv over a blocked map reads a subsampled copy; 23: a bilinear resize in two passes).
-COMPILER_VERSION = "23"
+COMPILER_VERSION = "24"

@@ -10,6 +10,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from .base import (
+    ACCUMULATOR_SCOPE,
     MAX_UNROLLED_COPIES,
     PARALLEL_MIN_MACS,
     PARALLEL_MIN_MACS_BLOCKED,
@@ -222,12 +223,12 @@ class Contraction(SafeRule):
         if fused is not None and product_of(info.extents) >= threshold and (loop_bound(sch, fused) or 1) >= 2:
             sch.parallel(fused)
 
-        # The tile accumulates in a local buffer; the epilogue (or a write-back) reads it per tile.
+        # The tile accumulates in its own buffer (on the stack); the epilogue (or a write-back) reads it per tile.
         if after:
             epilogue = sch.get_sblock(after[0])
-            sch.set_scope(main, 0, "local")
+            sch.set_scope(main, 0, ACCUMULATOR_SCOPE)
         else:
-            epilogue = sch.cache_write(main, 0, "local")
+            epilogue = sch.cache_write(main, 0, ACCUMULATOR_SCOPE)
         if tile is not None:
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             vectorize_tile(sch, epilogue, tile, max_copies=row_copies)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from .base import (
+    ACCUMULATOR_SCOPE,
     SafeRule,
     block_names,
     has_if_then_else,
@@ -90,7 +91,7 @@ class Gemv(SafeRule):
         if large and columns // nr >= target_cores(target):
             sch.parallel(tile)
         sch.compute_at(partial, tile, preserve_unit_loops=True)
-        sch.set_scope(partial, 0, "local")
+        sch.set_scope(partial, 0, ACCUMULATOR_SCOPE)
         depth = loop_depth(sch, tile)
         inner = sch.get_loops(partial)[depth:]  # part, unit spatial..., column, outer reduction
         part_loop, column_loop, reduce_loop = inner[0], inner[-2], inner[-1]
@@ -99,7 +100,7 @@ class Gemv(SafeRule):
         sch.vectorize(column_loop)
         vectorize_tile(sch, sch.decompose_reduction(partial, reduce_loop), tile)
         if after:
-            sch.set_scope(main, 0, "local")
+            sch.set_scope(main, 0, ACCUMULATOR_SCOPE)
             epilogue = sch.get_sblock(after[0])
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             vectorize_tile(sch, epilogue, tile)
