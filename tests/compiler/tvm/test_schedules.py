@@ -263,7 +263,7 @@ def test_matmul_rows_with_no_divisor_to_fill_a_tile_are_padded_to_whole_tiles_an
     func = next(f for name, f in kernels.items() if "matmul" in name)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
     script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
-    assert "matmul_intermediate_pad_local = T.sblock_alloc_buffer((T.int64(50), T.int64(64))" in script
+    assert "matmul_intermediate_pad = T.sblock_alloc_buffer((T.int64(50), T.int64(64))" in script
     assert "for i0_1 in T.unroll(T.int64(5))" in script
     assert "param_0_local = T.sblock_alloc_buffer((T.int64(256), T.int64(64))" in script  # the packed panel
     outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 49, 256)}, TARGET, store)
@@ -407,7 +407,7 @@ def test_a_blocked_pointwise_conv_tiles_its_flattened_map_where_the_width_gives_
     func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
     script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
-    assert (f'T.int64({size * size}), T.int64(8)), scope="local"' in script) == flattened, script
+    assert (f"T.int64({size * size}), T.int64(8)))" in script) == flattened, script
     tile = [int(n) for n in re.findall(r"_init in T\.unroll\(T\.int64\((\d+)\)\)", script)]
     assert tile == [2, 4], script  # 2 output channel blocks x 4 positions
     fmas, stack = _fma_loop_stack_traffic(func, "haswell")
@@ -783,8 +783,9 @@ def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(stor
                     tvm.s_tir.transform.CompactBufferAllocation(),
                 ]
             )(scheduled.mod).script()
-            local = [line for line in compacted.splitlines() if "alloc_buffer" in line and '"local"' in line]
-            assert local and all("_32__" not in line for line in local), (name, local)  # no symbolic dim
+            allocs = [line.strip() for line in compacted.splitlines() if "alloc_buffer" in line]
+            tiles = [line for line in allocs if line.startswith("conv2d_nchw")]  # the accumulators
+            assert tiles and all("_32__" not in line for line in tiles), (name, allocs)  # no symbolic dim
     sizes = {height: [32, 36, 64, 96], width: [32, 36, 68, 100, 144]}
     outcome = compile_bucket(loaded, bucket, TARGET, store, verify_sizes=sizes)
     assert outcome.manifest.verified is True, outcome.manifest.verification
@@ -807,7 +808,7 @@ def test_extent_bounds_are_evaluated_at_the_symbolic_ranges():
 
 @pytest.mark.parametrize(
     "model, bucket",
-    [(lambda: _matmul_model(256, 256), {"x": (8, 16, 256)}), (_conv_bn_relu_model, {"x": (1, 8, 12, 32)})],
+    [(lambda: _matmul_model(256, 256), {"x": (8, 16, 256)}), (_conv_bn_relu_model, {"x": (8, 8, 32, 32)})],
     ids=["matmul", "conv"],
 )
 def test_a_tile_accumulates_on_the_stack_not_in_a_workspace_per_tile(model, bucket):
