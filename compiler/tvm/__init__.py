@@ -22,5 +22,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # 18: a blocked 1x1 conv's map is flattened where its width gives a poor register tile; 19: a blocked pad
 # computed up front runs a row per parallel iteration; 20: tanh is a rational function, x ** 2 and x ** 3 are
 # products; 21: CUDA source compiled without fast math, a dlight rule that fails on a kernel declines it;
-# 22: a strided 1x1 conv over a blocked map reads a subsampled copy; 23: a bilinear resize in two passes).
+# 22: a strided 1x1 conv over a blocked map reads a subsampled copy; 23: a bilinear resize in two passes;
+# 24: a tile's accumulators on the stack).
 COMPILER_VERSION = "24"

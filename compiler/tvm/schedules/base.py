@@ -38,9 +38,9 @@ PARALLEL_MIN_MACS_BLOCKED = 1 << 20
 PARALLEL_MIN_MACS_NO_REUSE = 1 << 18
 # The scope of a tile's accumulators. TVM lowers a CPU buffer to the stack only when its scope is "global"
 # and it is under 1 KB; a "local" one became a TVMBackendAllocWorkspace call and a free per tile, inside
-# the parallel loop (14% of a 1x1 conv's time). "global" made PP-OCRv4 rec 25%, MobileNetV3-Large 10%
-# and ResNet-50 6% faster at batch 1 (AMD EPYC Zen 3, AVX2). An AVX-512 tile of 16 accumulators is 1 KB
-# and still goes to the workspace.
+# the parallel loop (14% of a 1x1 conv's samples). With "global", MobileNetV3-Large ran in 0.88 of its
+# time at batch 1, PP-OCRv4 rec 0.90, ResNet-50 0.93 (AMD EPYC Zen 3, AVX2). An AVX-512 tile of 16
+# accumulators is 1 KB and still goes to the workspace.
 ACCUMULATOR_SCOPE = "global"
 # Register tile budget of a contraction when the tile's rows do not share vector loads
 # (depthwise conv, pooling; 4 measured best). With reuse the budget is the register file's
