@@ -35,11 +35,12 @@ def test_cuda_server_uploads_verifies_routes_and_batches(tmp_path):
             response = client.put("/models/cls", files={"model": ("cls.onnx", data), "config": (None, config)})
             assert response.status_code == 201, response.text
             image = np.random.default_rng(3).random((1, 3, 48, 192)).astype(np.float32)
-            want = OrtEngine(data).run({"x": image})
+            reference = OrtEngine(data)  # the CPU provider: fp32, whatever the server runs
+            want = reference.run({"x": image})
             first = client.post("/predict", json={"model": "cls", "inputs": {"x": image.tolist()}})
             assert first.status_code == 200, first.text
             assert first.json()["engine"] == "onnxruntime"
-            for label in ("1x3x48x192", "4x3x48x192"):
+            for label in ("x=1x3x48x192", "x=4x3x48x192"):
                 bucket = settled_bucket(client, "cls", label, timeout=600)
                 assert bucket["state"] == "ready", bucket
                 assert set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}, bucket
@@ -53,11 +54,10 @@ def test_cuda_server_uploads_verifies_routes_and_batches(tmp_path):
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 answers = list(pool.map(ask, range(16)))
             for answer, rows in answers:
-                reference = OrtEngine(data).run({"x": rows})
-                for output, value in reference.items():
+                for output, value in reference.run({"x": rows}).items():
                     np.testing.assert_allclose(answer["outputs"][output], value, rtol=1e-3, atol=1e-4)
-            for output, value in want.items():
-                np.testing.assert_allclose(first.json()["outputs"][output], value, rtol=1e-5, atol=1e-6)
+            for output, value in want.items():  # cuDNN's fp32 against the CPU's: summation order only
+                np.testing.assert_allclose(first.json()["outputs"][output], value, rtol=1e-4, atol=1e-5)
             metrics = client.get("/metrics").text
             compiled = [line for line in metrics.splitlines() if line.startswith("jitserve_compiles_total{")]
             assert any('target="cuda"' in line and 'outcome="ok"' in line for line in compiled), compiled
