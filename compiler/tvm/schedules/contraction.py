@@ -100,7 +100,7 @@ class Contraction(SafeRule):
         main, info = found
         unit = vector_unit(target)
         lanes = unit.lanes(str(sch.get(main).writes[0].source.dtype))
-        if flatten_pointwise_map(sch, main, info, lanes, unit.accumulators):
+        if flatten_pointwise_map(sch, main, info, lanes, unit):
             found = main_contraction(sch, main_name)
             if found is None:
                 return None
@@ -132,7 +132,7 @@ class Contraction(SafeRule):
         producers = names[: names.index(main_name)]
         after = names[names.index(main_name) + 1 :]
         mr, nr = tile_sizes(info, lanes, unit.accumulators)
-        ov, mr = outer_tile(info, lanes, nr, mr, unit.accumulators)
+        ov, mr = outer_tile(info, lanes, nr, mr, unit)
 
         # A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile.
         packed = None

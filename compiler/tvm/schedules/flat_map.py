@@ -17,11 +17,13 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from .base import SBlockRV, block_names
+from .base import SBlockRV, VectorUnit, block_names
 from .register_tile import ContractionInfo, flattening_pays
 
 
-def flatten_pointwise_map(sch: s_tir.Schedule, main: SBlockRV, info: ContractionInfo, lanes: int, budget: int) -> bool:
+def flatten_pointwise_map(
+    sch: s_tir.Schedule, main: SBlockRV, info: ContractionInfo, lanes: int, unit: VectorUnit
+) -> bool:
     """Flatten the (row, column) iters of ``main`` and of its one epilogue where that pays; returns
     whether it did (the contraction must then be analyzed again)."""
     if info.symbolic or info.reg is None or info.outer is None:
@@ -31,7 +33,7 @@ def flatten_pointwise_map(sch: s_tir.Schedule, main: SBlockRV, info: Contraction
     if row not in info.spatial or row in (info.outer, info.vec):
         return False
     width = info.extents[column]
-    if not flattening_pays(info, lanes, budget, info.extents[row] * width):
+    if not flattening_pays(info, lanes, unit, info.extents[row] * width):
         return False
     names = block_names(sch)
     after = names[names.index(sch.get(main).name_hint) + 1 :]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import ACCUMULATOR_VECTORS_NO_REUSE, pick_factor, product_of, symbolic_tile
+from .base import ACCUMULATOR_VECTORS_NO_REUSE, VectorUnit, pick_factor, product_of, symbolic_tile
 
 
 @dataclass
@@ -31,20 +31,14 @@ class ContractionInfo:
 MIN_OUTER_TILE_REDUCTION = 32
 
 
-def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, budget: int) -> tuple[int, int]:
+def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, unit: VectorUnit) -> tuple[int, int]:
     """``(ov, mr)``: ``ov`` of ``info.outer`` by ``mr`` of the register-blocked axis, when the vector tile is
-    one vector (a channel-blocked conv: ``ov`` output channel blocks by ``mr`` output columns).
-
-    Each step of the reduction loads ``ov`` vectors (weights, from L2 when they outgrow L1) and broadcasts
-    ``mr`` values for ``ov * mr`` FMAs. The step's cycles are estimated as the most of: the FMAs over two
-    ports, the loads over two ports, an FMA's latency of 4 (each accumulator gets one FMA a step), and
-    one cycle per weight vector (L2 to L1): MLAS's AVX2 NCHWc kernel runs 4 x 3 or 3 x 4 tiles. The tile
-    with the best estimate wins; on a tie, the one reusing each weight vector most. ResNet-50 at 1x3x224x224
-    ran 71.6 ms with one vector a row and 66.6 with these (AMD EPYC Zen 3, AVX2).
-    """
+    one vector (a channel-blocked conv: ``ov`` output channel blocks by ``mr`` output columns; see
+    ``best_outer_tile``). ResNet-50 at 1x3x224x224 ran 71.6 ms with one vector a row and 66.6 with these
+    (AMD EPYC Zen 3, AVX2)."""
     if not _tiles_outer(info, nr, lanes):
         return 1, mr
-    _, ov, rows = best_outer_tile(info.extents[info.reg], info.extents[info.outer], budget)
+    _, ov, rows = best_outer_tile(info.extents[info.reg], info.extents[info.outer], unit)
     return ov, rows
 
 
@@ -59,30 +53,72 @@ def _tiles_outer(info: ContractionInfo, nr: int, lanes: int) -> bool:
     )
 
 
-def best_outer_tile(columns: int, blocks: int, budget: int) -> tuple[float, int, int]:
+# Independent FMA chains two FMA ports need in flight: an FMA's latency (4 on Zen 3) and one for the
+# loads feeding it, times two. Estimated with 8, an 8-accumulator tile (2 x 4 or 4 x 2) was as fast as
+# 4 x 3, but on a 12-wide map 4 x 3 ran 0.92-0.98x of their time (3x3 convs over 128, 256 and 512
+# channels), and on a 7x7 map 1 x 7 (estimated 0.875 with 8) ran 1.14-1.21x the time of 4 x 3 over 9
+# padded columns (AMD EPYC Zen 3, AVX2).
+FMA_CHAINS = 10
+
+
+def tile_efficiency(ov: int, rows: int) -> float:
+    """The estimated share of the FMA ports an ``ov x rows`` tile keeps busy. Each step of the reduction
+    loads ``ov`` weight vectors (from L2 when they outgrow L1) and broadcasts ``rows`` values for
+    ``ov * rows`` FMAs: its cycles are the most of the FMAs over two ports, the loads over two ports and
+    one cycle per weight vector (L2 to L1); and the FMAs are held back where the tile has fewer
+    accumulators than ``FMA_CHAINS``. MLAS's AVX2 NCHWc kernel runs 4 x 3 tiles."""
+    fmas = ov * rows / 2
+    return fmas / max(fmas, (ov + rows) / 2, float(ov)) * min(1.0, ov * rows / FMA_CHAINS)
+
+
+def fits_registers(ov: int, rows: int, registers: int) -> bool:
+    """Whether an ``ov x rows`` tile's accumulators and its broadcast rows (each read by ``ov`` FMAs, so all
+    live at once where ``ov > 1``) fit the register file; a weight vector can be an FMA's memory operand.
+    A 2 x 6 tile on AVX2's 16 registers (18 needed) spilled its broadcasts to the stack and ran 1.08-1.31x
+    the time of 4 x 3 on 12-wide maps (AMD EPYC Zen 3)."""
+    return ov * rows + (rows if ov > 1 else 1) <= registers
+
+
+def best_outer_tile(columns: int, blocks: int, unit: VectorUnit) -> tuple[float, int, int]:
     """``(efficiency, ov, rows)`` of the best ``ov x rows`` tile over ``blocks`` output channel blocks and
-    ``columns`` positions, each a divisor (see ``outer_tile`` for the estimate)."""
+    ``columns`` positions, each a divisor, that fits the registers (``tile_efficiency``); on a tie, the one
+    reusing each weight vector most."""
     best = (0.0, 0, 0, 1, 1)
+    budget = unit.accumulators
     for rows in range(1, budget + 1):
         if columns % rows:
             continue
         for ov in range(1, budget // rows + 1):
-            if blocks % ov:
+            if blocks % ov or not fits_registers(ov, rows, unit.registers):
                 continue
-            fmas = ov * rows / 2
-            efficiency = fmas / max(fmas, (ov + rows) / 2, 4.0, float(ov))
-            best = max(best, (round(efficiency, 3), rows, ov * rows, ov, rows))
+            best = max(best, (round(tile_efficiency(ov, rows), 3), rows, ov * rows, ov, rows))
     return best[0], best[3], best[4]
 
 
-def flattening_pays(info: ContractionInfo, lanes: int, budget: int, flattened: int) -> bool:
+def padded_conv_width(columns: int, blocks: int, unit: VectorUnit) -> int:
+    """The output width a channel-blocked conv is best computed on: ``columns`` rounded up to where the
+    best tile's efficiency, counted over the real columns only, is highest (``columns`` itself on a tie).
+
+    ResNet's maps (56, 28, 14, 7) have no factor 3, so no 4 x 3 tile: 8 accumulators, or 1 x 7 on the 7x7
+    map. Over 9 padded columns ResNet-50's 3x3 512-channel convs on it ran 0.83-0.90x their time; padded
+    to 15, 30 and 57 columns the 3x3 convs on the larger maps ran 0.98-1.0x (AMD EPYC Zen 3, AVX2).
+    """
+    best_width, best = columns, best_outer_tile(columns, blocks, unit)[0]
+    for width in range(columns + 1, columns + unit.accumulators):
+        efficiency = best_outer_tile(width, blocks, unit)[0] * columns / width
+        if efficiency > best + 1e-9:
+            best_width, best = width, efficiency
+    return best_width
+
+
+def flattening_pays(info: ContractionInfo, lanes: int, unit: VectorUnit, flattened: int) -> bool:
     """Whether a channel-blocked conv's tile estimate improves with its columns' axis ``flattened`` to
     ``flattened`` positions (its rows and columns as one: see ``flat_map.py``)."""
-    _, nr = tile_sizes(info, lanes, budget)
+    _, nr = tile_sizes(info, lanes, unit.accumulators)
     if not _tiles_outer(info, nr, lanes):
         return False
     blocks = info.extents[info.outer]
-    return best_outer_tile(flattened, blocks, budget)[0] > best_outer_tile(info.extents[info.reg], blocks, budget)[0]
+    return best_outer_tile(flattened, blocks, unit)[0] > best_outer_tile(info.extents[info.reg], blocks, unit)[0]
 
 
 # A padded row tile may compute at most this share of rows past the extent.

@@ -25,7 +25,8 @@ from tvm.s_tir import dlight as dl  # noqa: E402
 from compiler.tvm import schedules as cpu_schedules  # noqa: E402
 from compiler.tvm.build import import_relax, specialize  # noqa: E402
 from compiler.tvm.pipeline import TUNING_RECORD, default_schedule_pass, tuned_module_stages  # noqa: E402
-from compiler.tvm.schedules.base import vector_lanes  # noqa: E402
+from compiler.tvm.schedules.base import vector_lanes, vector_unit  # noqa: E402
+from compiler.tvm.schedules.register_tile import best_outer_tile, fits_registers, padded_conv_width  # noqa: E402
 
 TARGET = resolve_target("llvm")
 RNG = np.random.default_rng(7)
@@ -381,9 +382,52 @@ def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chu
     rule, script = _first_match(func)
     assert rule == "Contraction"
     reduction = next(line for line in script.splitlines() if "for rco_0, x_0, rco_1" in line)
-    assert "T.grid(T.int64(32), T.int64(7)" in reduction, reduction  # 32 channel blocks, 7 column tiles
+    # 32 channel blocks, 3 column tiles of 5 (4 x 2 tiles over the 14 columns estimated worse than 2 x 5 over 15)
+    assert "T.grid(T.int64(32), T.int64(3)" in reduction, reduction
     fmas, stack = _fma_loop_stack_traffic(func, "haswell")
     assert fmas >= 8 and stack == 0, (fmas, stack)  # the row buffer's tile stays in registers
+
+
+@pytest.mark.parametrize(
+    ("columns", "blocks", "mcpu", "padded"),
+    [(7, 64, "haswell", 9), (14, 32, "haswell", 15), (28, 16, "haswell", 30), (56, 8, "haswell", 57),
+     (12, 32, "haswell", 12), (20, 8, "haswell", 20), (7, 64, "skylake-avx512", 7), (14, 2, "skylake-avx512", 14)],
+)  # fmt: skip
+def test_a_blocked_convs_width_is_padded_only_where_a_better_tile_pays_for_the_padding(columns, blocks, mcpu, padded):
+    """ResNet's maps (56, 28, 14, 7) have no factor 3: 4 output channel blocks x 3 columns, 12 accumulators,
+    fit them padded by a column or two (the 7x7 map by two). A 12-wide map (4 x 3) and a 20-wide one (2 x 5)
+    stay as they are, and so does every map on AVX-512, whose 16 accumulators fit 2 x 7."""
+    unit = vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    assert padded_conv_width(columns, blocks, unit) == padded
+
+
+def test_a_tile_whose_broadcast_rows_would_not_fit_the_registers_is_not_chosen():
+    """2 x 6 on a 12-wide map: 12 accumulators and 6 broadcasts each read by 2 FMAs need 18 of AVX2's 16
+    registers (it spilled and ran up to 1.3x the time of 4 x 3); one block by 12 reuses no broadcast and
+    fits, and so does MLAS's 3 x 4."""
+    haswell = vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}))
+    assert not fits_registers(2, 6, haswell.registers) and fits_registers(4, 3, haswell.registers)
+    assert fits_registers(1, 12, haswell.registers) and fits_registers(3, 4, haswell.registers)
+    assert best_outer_tile(12, 32, haswell)[1:] == (4, 3)
+
+
+def test_a_strided_conv_computed_on_a_padded_width_is_cut_back_and_verifies(store):
+    """A 3x3 stride-2 conv from 14x14 to 7x7 (ResNet's last stage opens so) over 64 channels: computed on
+    9 columns (4 x 3 tiles) from a pad wide enough for them, and the epilogue writes the 7 real ones."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["t"], ["y"]),
+    ]
+    weights = [_const("w", (64, 64, 3, 3), 0.1), _const("b", (64,))]
+    model, bucket = _model(nodes, ["batch", 64, 14, 14], ["batch", 64, 7, 7], weights), {"x": (2, 64, 14, 14)}
+    kernels = _fused_kernels(model, bucket, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
+    assert "T.int64(7), T.int64(9), T.int64(8)))" in script, script  # the conv's own 9-column buffer
+    assert [int(n) for n in re.findall(r"_init in T\.unroll\(T\.int64\((\d+)\)\)", script)] == [4, 3]
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
 
 
 def _pointwise_blocked_model(out_channels: int = 112, size: int = 14) -> bytes:
@@ -429,7 +473,7 @@ def test_a_blocked_convs_pad_computed_up_front_runs_a_row_per_parallel_iteration
     assert "pad_temp_pad_const" not in "\n".join(lines)
     assert [line.strip() for line in lines[pad - 3 : pad]] == [
         "for n_c_y_fused in T.parallel(T.int64(232)):",  # 4 channel blocks x 58 padded rows
-        "for x in range(T.int64(58)):",
+        "for x in range(T.int64(59)):",  # the 57 columns the conv computes (4 x 3 tiles) and 2 of the window
         "for i0 in T.vectorized(T.int64(8)):",
     ]
     outcome = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store)
