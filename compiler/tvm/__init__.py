@@ -24,5 +24,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # products; 21: CUDA source compiled without fast math, a dlight rule that fails on a kernel declines it;
 # 22: a strided 1x1 conv over a blocked map reads a subsampled copy; 23: a bilinear resize in two passes;
 # 24: a tile's accumulators on the stack; 25: a blocked conv's tile fits the registers, a padded conv is
-# computed on a few more columns where they give a better tile).
-COMPILER_VERSION = "25"
+# computed on a few more columns where they give a better tile; 26: AVX-512 tiles of at most 15
+# accumulators, on the stack).
+COMPILER_VERSION = "26"

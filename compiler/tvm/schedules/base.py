@@ -39,9 +39,11 @@ PARALLEL_MIN_MACS_NO_REUSE = 1 << 18
 # The scope of a tile's accumulators. TVM lowers a CPU buffer to the stack only when its scope is "global"
 # and it is under 1 KB; a "local" one became a TVMBackendAllocWorkspace call and a free per tile, inside
 # the parallel loop (14% of a 1x1 conv's samples). With "global", MobileNetV3-Large ran in 0.88 of its
-# time at batch 1, PP-OCRv4 rec 0.90, ResNet-50 0.93 (AMD EPYC Zen 3, AVX2). An AVX-512 tile of 16
-# accumulators is 1 KB and still goes to the workspace.
+# time at batch 1, PP-OCRv4 rec 0.90, ResNet-50 0.93 (AMD EPYC Zen 3, AVX2). A tile stays under
+# STACK_BUFFER_BYTES (see VectorUnit.accumulators).
 ACCUMULATOR_SCOPE = "global"
+# TVM's kMaxStackAlloca: a CPU buffer of this size or more is a workspace allocation.
+STACK_BUFFER_BYTES = 1024
 # Register tile budget of a contraction when the tile's rows do not share vector loads
 # (depthwise conv, pooling; 4 measured best). With reuse the budget is the register file's
 # (see VectorUnit.accumulators).
@@ -108,10 +110,14 @@ class VectorUnit:
         """Accumulator vectors of a register tile whose rows share each vector load.
 
         The rest of the file holds the loaded vectors and the broadcast rows: 16 of 32 zmm
-        on AVX-512 (measured best there); 12 of 16 ymm on AVX2 (ONNX Runtime's MLAS runs a
-        6x16 float tile, 12 accumulators, on AVX2).
+        on AVX-512 (measured best there while every tile was a workspace allocation); 12 of 16
+        ymm on AVX2 (ONNX Runtime's MLAS runs a 6x16 float tile, 12 accumulators, on AVX2).
+        And fewer than fill ``STACK_BUFFER_BYTES``: 16 zmm are exactly 1 KB, and such a tile
+        would be allocated and freed at each step of the parallel loop (``ACCUMULATOR_SCOPE``),
+        so AVX-512 tiles hold at most 15.
         """
-        return self.registers // 2 if self.registers >= 32 else self.registers * 3 // 4
+        in_registers = self.registers // 2 if self.registers >= 32 else self.registers * 3 // 4
+        return min(in_registers, (STACK_BUFFER_BYTES - 1) // (self.bits // 8))
 
 
 def vector_unit(target: Target) -> VectorUnit:
