@@ -326,8 +326,8 @@ def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 def _tiled_width(out_width, weight: te.Tensor, blocked_input: bool):
     """The width a padded, ungrouped blocked conv is computed on (``register_tile.padded_conv_width``): its
     pad (which it has already) is widened to match, and the epilogue writes the real columns only."""
-    out_blocks, in_blocks, kernel_h, kernel_w = (int(d) for d in weight.shape[:4])
-    reduction = in_blocks * kernel_h * kernel_w * (int(weight.shape[4]) if blocked_input else 1)
+    out_blocks, inputs, kernel_h, kernel_w = (int(d) for d in weight.shape[:4])  # inputs: channels or blocks
+    reduction = inputs * kernel_h * kernel_w * (int(weight.shape[4]) if blocked_input else 1)
     if not isinstance(out_width, int) or reduction < MIN_OUTER_TILE_REDUCTION:
         return out_width
     return padded_conv_width(out_width, out_blocks, vector_unit(tvm.target.Target.current()))

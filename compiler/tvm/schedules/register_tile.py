@@ -55,9 +55,9 @@ def _tiles_outer(info: ContractionInfo, nr: int, lanes: int) -> bool:
 
 # Independent FMA chains two FMA ports need in flight: an FMA's latency (4 on Zen 3) and one for the
 # loads feeding it, times two. Estimated with 8, an 8-accumulator tile (2 x 4 or 4 x 2) was as fast as
-# 4 x 3, but on a 12-wide map 4 x 3 ran 0.92-0.98x of their time (3x3 convs over 128, 256 and 512
-# channels), and on a 7x7 map 1 x 7 (estimated 0.875 with 8) ran 1.14-1.21x the time of 4 x 3 over 9
-# padded columns (AMD EPYC Zen 3, AVX2).
+# 4 x 3, but on a 12-wide map 4 x 3 ran 0.89-1.02x of their time (0.95 on average; 3x3 convs over 128,
+# 256 and 512 channels), and on a 7x7 map 4 x 3 over 9 padded columns ran 0.86-1.0x the time of 1 x 7
+# (0.92 on average over five runs; AMD EPYC Zen 3, AVX2).
 FMA_CHAINS = 10
 
 
@@ -74,7 +74,7 @@ def tile_efficiency(ov: int, rows: int) -> float:
 def fits_registers(ov: int, rows: int, registers: int) -> bool:
     """Whether an ``ov x rows`` tile's accumulators and its broadcast rows (each read by ``ov`` FMAs, so all
     live at once where ``ov > 1``) fit the register file; a weight vector can be an FMA's memory operand.
-    A 2 x 6 tile on AVX2's 16 registers (18 needed) spilled its broadcasts to the stack and ran 1.08-1.31x
+    A 2 x 6 tile on AVX2's 16 registers (18 needed) spilled its broadcasts to the stack and ran 1.19-1.31x
     the time of 4 x 3 on 12-wide maps (AMD EPYC Zen 3)."""
     return ov * rows + (rows if ov > 1 else 1) <= registers
 
@@ -100,8 +100,9 @@ def padded_conv_width(columns: int, blocks: int, unit: VectorUnit) -> int:
     best tile's efficiency, counted over the real columns only, is highest (``columns`` itself on a tie).
 
     ResNet's maps (56, 28, 14, 7) have no factor 3, so no 4 x 3 tile: 8 accumulators, or 1 x 7 on the 7x7
-    map. Over 9 padded columns ResNet-50's 3x3 512-channel convs on it ran 0.83-0.90x their time; padded
-    to 15, 30 and 57 columns the 3x3 convs on the larger maps ran 0.98-1.0x (AMD EPYC Zen 3, AVX2).
+    map. Over 9 padded columns ResNet-50's 3x3 512-channel conv on it ran 0.86-1.0x its time (0.92 on
+    average over five runs); padded to 15, 30 and 57 columns the 3x3 convs on the larger maps ran
+    0.98-1.0x (AMD EPYC Zen 3, AVX2).
     """
     best_width, best = columns, best_outer_tile(columns, blocks, unit)[0]
     for width in range(columns + 1, columns + unit.accumulators):
