@@ -396,7 +396,7 @@ def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chu
 def test_a_blocked_convs_width_is_padded_only_where_a_better_tile_pays_for_the_padding(columns, blocks, mcpu, padded):
     """ResNet's maps (56, 28, 14, 7) have no factor 3: 4 output channel blocks x 3 columns, 12 accumulators,
     fit them padded by a column or two (the 7x7 map by two). A 12-wide map (4 x 3) and a 20-wide one (2 x 5)
-    stay as they are, and so does every map on AVX-512, whose 16 accumulators fit 2 x 7."""
+    stay as they are, and so does every map on AVX-512, whose 15 accumulators fit 2 x 7."""
     unit = vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
     assert padded_conv_width(columns, blocks, unit) == padded
 
