@@ -111,7 +111,7 @@ def _group_buckets(shapes: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple
     return groups
 
 
-def _compile_context(args, settings):
+def _compile_context(args, settings, *, spinning: bool = True):
     from .errors import BadRequestError
     from .model import load_model_file
     from .options import CompileOptions
@@ -122,7 +122,7 @@ def _compile_context(args, settings):
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
     buckets = [_bucket_from_args(model.signature, group) for group in _group_buckets(args.shape)]
     # Before any kernel runs here or in a compile child: they inherit the plan.
-    kernel_threads = apply_thread_plan(settings.kernel_threads)
+    kernel_threads = apply_thread_plan(settings.kernel_threads, spinning=spinning)
     try:
         target = resolve_target(args.target or settings.target, cuda_arch=settings.cuda_arch, num_cores=kernel_threads)
     except ValueError as exc:
@@ -176,7 +176,8 @@ def _explain(args, settings) -> list[dict]:
     from .explain_report import write_html
     from .store import EXPLAIN_DIR, ArtifactStore
 
-    model, buckets, target, options, _ = _compile_context(args, settings)
+    # The profile alternates the engines run by run: neither spins between runs, as the server default.
+    model, buckets, target, options, _ = _compile_context(args, settings, spinning=False)
     options = options.model_copy(update={"explain": True, "explain_code": not args.no_code})
     output = Path(args.output)
     results = []

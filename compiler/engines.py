@@ -22,6 +22,17 @@ class Engine(Protocol):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
+def ort_session_options(*, threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
+    """ONNX Runtime's session options with ``threads`` intra-op threads (its default where none) that spin
+    between runs only where ``spinning``."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 class OrtEngine:
     """ONNX Runtime: always available, the floor every kernel must beat."""
 
@@ -30,11 +41,7 @@ class OrtEngine:
     def __init__(
         self, model_bytes: bytes, *, cuda: bool = False, threads: int | None = None, spinning: bool = True
     ) -> None:
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        if not spinning:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options = ort_session_options(threads=threads, spinning=spinning)
         providers = ["CPUExecutionProvider"]
         if cuda and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"use_tf32": "0"}))  # fp32 answers, not TF32

@@ -25,13 +25,14 @@ import onnx
 from .arrays import random_inputs
 from .engines import OrtEngine, TvmEngine
 from .options import read_source
-from .profile import Profile, compare_by_class, kernel_profile, named_nodes, op_class, ort_profile
+from .profile import KernelProfiler, OrtProfiler, Profile, compare_by_class, named_nodes, op_class
 from .timing import median_latencies_ms
 from .weights import load_weights
 
 PROFILE_FILE = "profile.json"
 TRACE_DIR = "trace"
 ENGINES = ("tvm", "onnxruntime")
+PROFILE_WARMUP = 2
 
 
 def profile_bucket(
@@ -43,15 +44,25 @@ def profile_bucket(
     runs: int = 10,
     threads: int | None = None,
 ) -> tuple[dict, dict[str, Profile]]:
-    """Time the loaded kernel (plain runs, then call by call) and ONNX Runtime's nodes on ``inputs``.
-    TVM goes first: ONNX Runtime's spinning threads would slow a kernel run right after them."""
-    tvm_ms = median_latencies_ms({"tvm": engine}, inputs, runs=runs, block=runs)["tvm"]
-    tvm = kernel_profile(engine, inputs, runs=runs)
+    """Time the loaded kernel and ONNX Runtime on ``inputs``: plain runs, then call by call and node by
+    node. The two engines take turns run by run (the load of a shared machine, which moved every kernel's
+    ratio by up to 1.5x between two profiles minutes apart when each engine ran its runs in a row, weighs
+    on both alike), and ONNX Runtime's threads do not spin between runs, as the server runs them."""
     source = named_nodes(onnx.load_from_string(model_bytes))
     named = source.SerializeToString()
-    # A plain session's run too: profiling adds ONNX Runtime's own bookkeeping to every node.
-    ort_ms = median_latencies_ms({"ort": OrtEngine(named, threads=threads)}, inputs, runs=runs, block=runs)["ort"]
-    onnxruntime = ort_profile(named, inputs, runs=runs, threads=threads, by="node")
+    # Plain runs too: profiling adds each engine's own bookkeeping to every call.
+    plain = {"tvm": engine, "ort": OrtEngine(named, threads=threads, spinning=False)}
+    latency = median_latencies_ms(plain, inputs, runs=runs, block=1)
+    tvm_side = KernelProfiler(engine, inputs)
+    ort_side = OrtProfiler(named, inputs, warmup=PROFILE_WARMUP, threads=threads, by="node", spinning=False)
+    for _ in range(PROFILE_WARMUP):
+        engine.run(inputs)
+        ort_side.run()
+    for _ in range(runs):
+        tvm_side.run()
+        ort_side.run()
+    tvm, onnxruntime = tvm_side.profile(), ort_side.profile()
+    tvm_ms, ort_ms = latency["tvm"], latency["ort"]
     shapes = {name: list(array.shape) for name, array in inputs.items()}
     return join(report, source.graph, tvm, onnxruntime, tvm_ms, ort_ms) | {"input_shapes": shapes}, {
         "tvm": tvm,

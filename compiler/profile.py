@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from .engines import ort_session_options
+
 # Op classes, by the leading op of a TVM kernel's name or an ONNX Runtime op type (lower case).
 _CLASSES = {
     "contraction": (
@@ -134,6 +136,8 @@ class Profile:
     entries: list[OpTime] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list)
     """The last run as Chrome-trace events (``ph: X``, microseconds from its start)."""
+    started_ns: list[int] = field(default_factory=list)
+    """When each timed run started (wall clock, ns): how two engines' runs took turns."""
 
     def by_class(self) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -152,7 +156,9 @@ class Profile:
         }
 
 
-def _finish(engine: str, runs: int, sums: dict[str, list], total_ms: float, trace: list[dict]) -> Profile:
+def _finish(
+    engine: str, runs: int, sums: dict[str, list], total_ms: float, trace: list[dict], *, started_ns: list[int]
+) -> Profile:
     # A node's entry carries its op type (a third item), which names its class.
     entries = [
         OpTime(name, op_class(kind[0] if kind else name), calls // runs, seconds * 1000 / runs)
@@ -162,11 +168,12 @@ def _finish(engine: str, runs: int, sums: dict[str, list], total_ms: float, trac
     accounted = sum(e.ms for e in entries) or 1.0
     for entry in entries:
         entry.share = entry.ms / accounted
-    return Profile(engine, runs, total_ms, entries, trace)
+    return Profile(engine, runs, total_ms, entries, trace, started_ns)
 
 
-def kernel_profile(engine, inputs: dict[str, np.ndarray], *, runs: int = 10, warmup: int = 2) -> Profile:
-    """Per-call times of a loaded :class:`~compiler.engines.TvmEngine` on ``inputs``.
+class KernelProfiler:
+    """Per-call times of a loaded :class:`~compiler.engines.TvmEngine`, one run at a time (so that its
+    runs can alternate with ONNX Runtime's: a machine's load then weighs on both profiles alike).
 
     Each VM call is timed from the instrument's before-hook to its after-hook. The hooks' own cost
     inside that window (the return to the VM and the call into Python again) is what the cheapest
@@ -174,42 +181,62 @@ def kernel_profile(engine, inputs: dict[str, np.ndarray], *, runs: int = 10, war
     PP-OCR cls (0.33 ms, 250 calls a run): the calls added up to 1.3x its plain run without it, 1.1-1.2x
     with it (the hooks between kernels of a few microseconds cost more than the cheapest call shows).
     """
-    for _ in range(warmup):
-        engine.run(inputs)
-    sums: dict[str, list] = {}
-    started: list[float] = []
-    calls: list[tuple[str, float, float]] = []  # the current run's (symbol, start, end)
 
-    def instrument(func, symbol, before_run, ret_value, *args):
+    def __init__(self, engine, inputs: dict[str, np.ndarray]) -> None:
+        self.engine, self.inputs = engine, inputs
+        self.sums: dict[str, list] = {}
+        self.runs = 0
+        self.seconds = 0.0
+        self.started_ns: list[int] = []
+        self._started: list[float] = []
+        self._calls: list[tuple[str, float, float]] = []  # the current run's (symbol, start, end)
+        self._run_started = 0.0
+
+    def _instrument(self, func, symbol, before_run, ret_value, *args):
         if before_run:
-            started.append(time.perf_counter())
+            self._started.append(time.perf_counter())
         else:
-            end, start = time.perf_counter(), started.pop()
-            entry = sums.setdefault(str(symbol), [0, 0.0])
+            end, start = time.perf_counter(), self._started.pop()
+            entry = self.sums.setdefault(str(symbol), [0, 0.0])
             entry[0] += 1
             entry[1] += end - start
-            calls.append((str(symbol), start, end))
+            self._calls.append((str(symbol), start, end))
         return 0
 
-    engine.set_instrument(instrument)
-    try:
-        begin = time.perf_counter()
-        for _ in range(runs):
-            calls.clear()
-            run_started = time.perf_counter()
-            engine.run(inputs)
-        total_ms = (time.perf_counter() - begin) * 1000 / runs
-    finally:
-        engine.set_instrument(None)
-    hook = min((seconds / count for count, seconds in sums.values() if count), default=0.0)
-    for entry in sums.values():
-        entry[1] = max(0.0, entry[1] - hook * entry[0])
-    trace = [
-        {"name": name, "cat": op_class(name), "ph": "X", "ts": (start - run_started) * 1e6,
-         "dur": max(0.0, end - start - hook) * 1e6}
-        for name, start, end in calls
-    ]  # fmt: skip
-    return _finish("tvm", runs, sums, total_ms, trace)
+    def run(self) -> None:
+        """One instrumented run."""
+        self._calls.clear()
+        self.engine.set_instrument(self._instrument)
+        try:
+            self.started_ns.append(time.time_ns())
+            self._run_started = time.perf_counter()
+            self.engine.run(self.inputs)
+            self.seconds += time.perf_counter() - self._run_started
+        finally:
+            self.engine.set_instrument(None)
+        self.runs += 1
+
+    def profile(self) -> Profile:
+        hook = min((seconds / count for count, seconds in self.sums.values() if count), default=0.0)
+        sums = {name: [count, max(0.0, seconds - hook * count)] for name, (count, seconds) in self.sums.items()}
+        trace = [
+            {"name": name, "cat": op_class(name), "ph": "X", "ts": (start - self._run_started) * 1e6,
+             "dur": max(0.0, end - start - hook) * 1e6}
+            for name, start, end in self._calls
+        ]  # fmt: skip
+        total_ms = self.seconds * 1000 / max(1, self.runs)
+        return _finish("tvm", self.runs, sums, total_ms, trace, started_ns=self.started_ns)
+
+
+def kernel_profile(engine, inputs: dict[str, np.ndarray], *, runs: int = 10, warmup: int = 2) -> Profile:
+    """Per-call times of a loaded :class:`~compiler.engines.TvmEngine` on ``inputs`` (:class:`KernelProfiler`),
+    ``runs`` in a row after ``warmup`` plain ones."""
+    for _ in range(warmup):
+        engine.run(inputs)
+    profiler = KernelProfiler(engine, inputs)
+    for _ in range(runs):
+        profiler.run()
+    return profiler.profile()
 
 
 def named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -222,6 +249,48 @@ def named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+class OrtProfiler:
+    """ONNX Runtime's per-node profile of ``inputs``, one run at a time, grouped by op type (``by="op"``) or
+    by node name as ONNX Runtime ran it (``by="node"``: after its own fusions and layout changes).
+
+    Only the runs after the first ``warmup`` count: the profile's events are cut at the end of the last
+    warm-up ``model_run``. ``spinning=False`` stops its idle threads spinning between runs, as the server
+    runs them: spinning, they hold the cores a TVM run right after one needs.
+    """
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        inputs: dict[str, np.ndarray],
+        *,
+        warmup: int = 2,
+        threads: int | None = None,
+        by: str = "op",
+        spinning: bool = True,
+    ) -> None:
+        options = ort_session_options(threads=threads, spinning=spinning)
+        self._folder = tempfile.TemporaryDirectory(prefix="jitserve-ort-profile-")
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(self._folder.name, "ort")
+        self.session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        self.inputs, self.warmup, self.by = inputs, warmup, by
+        self.runs = 0
+
+    def run(self) -> None:
+        self.session.run(None, self.inputs)
+        self.runs += 1
+
+    def profile(self) -> Profile:
+        """The profile of the runs after the warm-up ones; ends the session's profiling."""
+        try:
+            with open(self.session.end_profiling()) as file:
+                events = json.load(file)
+        finally:
+            self._folder.cleanup()
+        start_ns = self.session.get_profiling_start_time_ns()  # the events' clock: microseconds from it
+        return _ort_events_profile(events, self.runs - self.warmup, self.warmup, self.by, start_ns)
+
+
 def ort_profile(
     model_bytes: bytes,
     inputs: dict[str, np.ndarray],
@@ -231,25 +300,16 @@ def ort_profile(
     threads: int | None = None,
     by: str = "op",
 ) -> Profile:
-    """ONNX Runtime's per-node profile of ``inputs``, grouped by op type (``by="op"``) or by node name as
-    ONNX Runtime ran it (``by="node"``: after its own fusions and layout changes).
+    """:class:`OrtProfiler`'s profile of ``runs`` runs in a row after ``warmup`` ones."""
+    profiler = OrtProfiler(model_bytes, inputs, warmup=warmup, threads=threads, by=by)
+    for _ in range(warmup + runs):
+        profiler.run()
+    return profiler.profile()
 
-    Only the runs after ``warmup`` count: the profile's events are cut at the end of the
-    last warm-up ``model_run``.
-    """
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    with tempfile.TemporaryDirectory(prefix="jitserve-ort-profile-") as folder:
-        options.enable_profiling = True
-        options.profile_file_prefix = os.path.join(folder, "ort")
-        session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
-        for _ in range(warmup + runs):
-            session.run(None, inputs)
-        with open(session.end_profiling()) as file:
-            events = json.load(file)
+
+def _ort_events_profile(events: list[dict], runs: int, warmup: int, by: str, start_ns: int) -> Profile:
     model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-    if len(model_runs) < warmup + runs:
+    if runs < 1 or len(model_runs) < warmup + runs:
         raise RuntimeError("ONNX Runtime's profile lacks model runs")
     timed = model_runs[warmup:]
     cut = model_runs[warmup - 1]["ts"] + model_runs[warmup - 1]["dur"] if warmup else -1
@@ -268,7 +328,8 @@ def ort_profile(
             trace.append({"name": node, "cat": op_class(op), "ph": "X", "ts": event["ts"] - last["ts"],
                           "dur": event["dur"], "args": {"op": op}})  # fmt: skip
     total_ms = sum(e["dur"] for e in timed) / 1000 / runs
-    return _finish("onnxruntime", runs, sums, total_ms, trace)
+    started_ns = [start_ns + int(e["ts"]) * 1000 for e in timed]
+    return _finish("onnxruntime", runs, sums, total_ms, trace, started_ns=started_ns)
 
 
 def compare_by_class(tvm: Profile, onnxruntime: Profile) -> list[dict]:

@@ -4,8 +4,10 @@ nodes they compute, and (on request) the generated code; real compiles of synthe
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -152,3 +154,41 @@ def test_profile_join_charges_folded_and_renamed_nodes_to_their_kernel():
     assert node_of("bn") == 0  # folded into the conv: stands for the node that made its input
     assert node_of("q_mm") == 1  # the MatMul became a Gemm reading the same weight
     assert node_of("ReorderOutput_token_3") is None  # ONNX Runtime's own layout node: no ONNX node
+
+
+class _RunsRecorded:
+    """A loaded kernel whose plain runs are noted with the wall clock."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.runs_ns = engine, []
+
+    def run(self, inputs):
+        self.runs_ns.append(time.time_ns())
+        return self.engine.run(inputs)
+
+    def set_instrument(self, instrument) -> None:
+        self.engine.set_instrument(instrument)
+
+
+def test_the_profile_alternates_the_engines_run_by_run(tmp_path):
+    """A machine's load shifts both engines alike only if they take turns: each timed ONNX Runtime run
+    falls between two kernel runs, and both profiles count every timed run once."""
+    from compiler.build import open_kernel
+    from compiler.explain_profile import profile_bucket
+
+    model = load_model(synthetic.fpn_model(), max_bytes=1 << 24)
+    store = ArtifactStore(tmp_path / "kernels")
+    outcome = compile_bucket(model, {"x": (1, 4, 32, 48)}, TARGET, store, CompileOptions(explain=True))
+    _, report = _bundle(outcome)
+    engine = _RunsRecorded(open_kernel(model, outcome, store))
+    inputs = {"x": np.random.default_rng(0).standard_normal((1, 4, 32, 48)).astype(np.float32)}
+
+    joined, profiles = profile_bucket(report, engine, model.data, inputs, runs=6, threads=1)
+
+    tvm, onnxruntime = profiles["tvm"], profiles["onnxruntime"]
+    assert tvm.runs == onnxruntime.runs == 6
+    assert len(tvm.started_ns) == len(onnxruntime.started_ns) == 6
+    turns = sorted([(t, "tvm") for t in tvm.started_ns] + [(t, "ort") for t in onnxruntime.started_ns])
+    assert [engine for _, engine in turns] == ["tvm", "ort"] * 6, turns
+    assert len(engine.runs_ns) >= 2 * 6  # the plain runs and the profiled ones both ran the loaded kernel
+    assert joined["tvm"]["run_ms"] > 0 and joined["onnxruntime"]["run_ms"] > 0
