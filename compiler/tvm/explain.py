@@ -50,15 +50,18 @@ def bindings(func: relax.Function) -> list[_Binding]:
     return [_Binding(b.var.name, _callee(b.value)) for block in func.body.blocks for b in block.bindings]
 
 
-def binding_nodes(legalized: list[_Binding], bound: dict[str, int]) -> dict[str, int]:
-    """Each binding of the legalized ``main`` -> the node it computes: a node's named binding, and
-    every unnamed binding before it that no earlier node claimed."""
-    owners: dict[str, int] = {}
-    pending: list[str] = []
-    for binding in legalized:
-        pending.append(binding.name)
+def binding_nodes(legalized: list[_Binding], bound: dict[str, int]) -> list[int | None]:
+    """Each binding of the legalized ``main``, by position -> the node it computes: a node's named binding,
+    and every unnamed binding before it that no earlier node claimed. By position: the unnamed ones reuse
+    their names (``lv``, ``lv1``, ... again after each converter), so by name, ResNet-50's stem conv was
+    traced to a bottleneck's conv, whose binding took the same name later."""
+    owners: list[int | None] = [None] * len(legalized)
+    pending: list[int] = []
+    for position, binding in enumerate(legalized):
+        pending.append(position)
         if binding.name in bound:
-            owners.update(dict.fromkeys(pending, bound[binding.name]))
+            for claimed in pending:
+                owners[claimed] = bound[binding.name]
             pending = []
     return owners
 
@@ -119,24 +122,44 @@ def kernel_nodes(stages: StageRecorder, bound: dict[str, int]) -> dict[str, list
     over all its call sites.
 
     ``FuseOps`` keeps the bindings' order and one fused function serves every group of the same
-    structure, so each call site claims, for each kernel its function calls, the earliest legalized
-    binding of that kernel not claimed yet; a claimed binding's node is the call site's."""
+    structure, so each call site claims, for each kernel its function calls, a legalized binding of that
+    kernel not claimed yet, and a claimed binding's node is the call site's. Which one: the call site's
+    anchor (its first contraction, else its first kernel) claims the earliest; the kernels after it in
+    the function claim the earliest after it, those before it the latest before it. A bias add of one
+    shape ends many convs: claimed in order alone, ResNet-50's downsample conv (called before the conv
+    legalized ahead of it) took that conv's add, and each kernel was traced to both convs."""
     aliased = {alias: bound[name] for alias, name in stages.aliases.items() if name in bound and alias not in bound}
     owners = binding_nodes(stages.legalized, {**bound, **aliased})
     legal = stages.legalized
     claimed = [False] * len(legal)
     found: dict[str, set[int]] = defaultdict(set)
+
+    def claim(callee: str, near: range) -> int | None:
+        position = next((i for i in near if not claimed[i] and legal[i].callee == callee), None)
+        if position is None:  # not beside its anchor: the earliest anywhere
+            position = next((i for i, b in enumerate(legal) if not claimed[i] and b.callee == callee), None)
+        if position is not None:
+            claimed[position] = True
+        return position
+
     for call in stages.fused_main:
         if call.callee is None:
             continue
         inner = stages.fused_functions.get(call.callee)
-        for callee in [b.callee for b in inner if b.callee] if inner is not None else [call.callee]:
-            position = next((i for i, b in enumerate(legal) if not claimed[i] and b.callee == callee), None)
-            if position is None:
-                continue
-            claimed[position] = True
-            if legal[position].name in owners:
-                found[call.callee].add(owners[legal[position].name])
+        callees = [b.callee for b in inner if b.callee] if inner is not None else [call.callee]
+        anchor = next((i for i, callee in enumerate(callees) if op_class(callee) == "contraction"), 0)
+        start = claim(callees[anchor], range(len(legal)))
+        if start is None:
+            continue
+        positions = [start]
+        for step, side in ((1, callees[anchor + 1 :]), (-1, reversed(callees[:anchor]))):
+            last = start
+            for callee in side:
+                near = range(last + 1, len(legal)) if step == 1 else range(last - 1, -1, -1)
+                position = claim(callee, near)
+                positions.append(position)
+                last = position if position is not None else last
+        found[call.callee].update(owners[p] for p in positions if p is not None and owners[p] is not None)
     return {kernel: sorted(nodes) for kernel, nodes in found.items()}
 
 

@@ -192,3 +192,24 @@ def test_the_profile_alternates_the_engines_run_by_run(tmp_path):
     assert [engine for _, engine in turns] == ["tvm", "ort"] * 6, turns
     assert len(engine.runs_ns) >= 2 * 6  # the plain runs and the profiled ones both ran the loaded kernel
     assert joined["tvm"]["run_ms"] > 0 and joined["onnxruntime"]["run_ms"] > 0
+
+
+def test_each_conv_kernel_is_traced_to_its_own_conv_where_binding_names_repeat(tmp_path):
+    """A converter's unnamed bindings reuse their names (``lv``, ``lv1``, ... again for every conv): traced
+    by name, the stem's kernel was also given a bottleneck's conv that took the name later, and the
+    explain profile charged it that conv's ONNX Runtime time. A kernel that starts with its conv computes
+    that conv (and its epilogue) only."""
+    from tests.convnets import residual_model
+
+    model = load_model(residual_model(), max_bytes=1 << 24)
+    outcome = compile_bucket(
+        model, {"x": (1, 3, 64, 64)}, TARGET, ArtifactStore(tmp_path / "k"), CompileOptions(explain=True)
+    )
+    _, report = _bundle(outcome)
+    op = {node["index"]: node["op"] for node in report["nodes"]}
+    leading = [kernel for kernel in report["kernels"] if kernel["name"].startswith("fused_conv2d")]
+    assert len(leading) >= 4, [k["name"] for k in report["kernels"]]
+    for kernel in leading:
+        assert [op[i] for i in kernel["nodes"]].count("Conv") == 1, (kernel["name"], kernel["nodes"])
+    stem = next(k for k in report["kernels"] if k["name"] == "fused_conv2d_add_relu")
+    assert [op[i] for i in stem["nodes"]] == ["Conv", "Relu"]
