@@ -53,8 +53,8 @@ def bindings(func: relax.Function) -> list[_Binding]:
 def binding_nodes(legalized: list[_Binding], bound: dict[str, int]) -> list[int | None]:
     """Each binding of the legalized ``main``, by position -> the node it computes: a node's named binding,
     and every unnamed binding before it that no earlier node claimed. By position: the unnamed ones reuse
-    their names (``lv``, ``lv1``, ... again after each converter), so by name, ResNet-50's stem conv was
-    traced to a bottleneck's conv, whose binding took the same name later."""
+    their names (``lv``, ``lv1``, ... again after each converter), so by name, a residual net's stem conv
+    was traced to a bottleneck's conv, whose binding took the same name later."""
     owners: list[int | None] = [None] * len(legalized)
     pending: list[int] = []
     for position, binding in enumerate(legalized):
