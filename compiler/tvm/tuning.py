@@ -78,16 +78,18 @@ def register_tensor_intrinsics(target_dict: dict) -> None:
     TuneContext imports tvm.s_tir.tensor_intrin, whose package parses every family's TVMScript
     (CUDA, ROCm, Arm, Hexagon): 40 s of every tuning run on 2 cores, against 0.4 s for the x86
     ones alone. A bare package module in its place makes that import a no-op; the target's own
-    family is then imported into it, so each rule still finds the intrinsics it names."""
+    family is then imported into it (also where an earlier tuning run in this process left the bare
+    package for another family), so each rule still finds the intrinsics it names."""
     families = intrinsic_families(target_dict)
-    if families is None or TENSOR_INTRINSICS in sys.modules:
+    if families is None:
         importlib.import_module(TENSOR_INTRINSICS)
         return
-    spec = importlib.util.find_spec(TENSOR_INTRINSICS)
-    package = types.ModuleType(TENSOR_INTRINSICS, "Tensor intrinsics of the tuning target's family only.")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__package__ = TENSOR_INTRINSICS
-    sys.modules[TENSOR_INTRINSICS] = package
+    if TENSOR_INTRINSICS not in sys.modules:
+        spec = importlib.util.find_spec(TENSOR_INTRINSICS)
+        package = types.ModuleType(TENSOR_INTRINSICS, "Tensor intrinsics of the tuning targets' families only.")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__package__ = TENSOR_INTRINSICS
+        sys.modules[TENSOR_INTRINSICS] = package
     for family in families:
         importlib.import_module(f"{TENSOR_INTRINSICS}.{family}")
 
