@@ -25,5 +25,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # 22: a strided 1x1 conv over a blocked map reads a subsampled copy; 23: a bilinear resize in two passes;
 # 24: a tile's accumulators on the stack; 25: a blocked conv's tile fits the registers, a padded conv is
 # computed on a few more columns where they give a better tile; 26: AVX-512 tiles of at most 15
-# accumulators, on the stack).
-COMPILER_VERSION = "26"
+# accumulators, on the stack; 27: a blocked conv computes its exact width, the tile's last one partial and
+# peeled, where the reduction is chunked).
+COMPILER_VERSION = "27"

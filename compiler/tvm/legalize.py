@@ -23,10 +23,6 @@ tiles only; the last tile's guard stays on its stores. Guarded inside the
 accumulation, the last tile ran scalar with its accumulators in memory: 6.2
 against 0.36 ms for a whole 240 -> 240 1x1 conv at width 65 against 64.
 
-A padded channel-blocked conv whose width has no divisor for a good register
-tile (ResNet's 7x7 maps: 1 block x 7 columns) is computed the same way on a
-few more columns (9: 4 blocks x 3), see ``register_tile.padded_conv_width``.
-
 Runs in the compile child only (imports TVM).
 """
 
@@ -43,10 +39,8 @@ from .schedules.base import (
     planning_bounds,
     symbolic_tile,
     vector_lanes,
-    vector_unit,
     whole_vector_tile,
 )
-from .schedules.register_tile import MIN_OUTER_TILE_REDUCTION, padded_conv_width
 
 
 def _static_shape(expr: relax.Expr) -> list[int] | None:
@@ -259,10 +253,6 @@ def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         out_height = (height + top + bottom - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
         out_width = (width + left + right - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
         in_columns = width + left + right
-        tiled_width = out_width
-        if (top or left or bottom or right) and groups == 1 and not depthwise:
-            tiled_width = _tiled_width(out_width, weight, blocked_input)
-            in_columns = max(in_columns, (tiled_width - 1) * stride_w + (kernel_w - 1) * dilation_w + 1)
         padded = data
         if top or left or bottom or right:
             padded = te.compute(
@@ -313,24 +303,9 @@ def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
                     axis=[rc, ry, rx],
                 )
 
-        result = te.compute((batch, out_blocks, out_height, tiled_width, block), body, name="conv2d_nchwc")
-        if tiled_width == out_width:
-            return result
-        return te.compute(
-            (batch, out_blocks, out_height, out_width, block), lambda *i: result[i], name="conv2d_nchwc_cut"
-        )
+        return te.compute((batch, out_blocks, out_height, out_width, block), body, name="conv2d_nchwc")
 
     return bb.call_te(conv, data, call.args[1], primfunc_name_hint="conv2d_nchwc")
-
-
-def _tiled_width(out_width, weight: te.Tensor, blocked_input: bool):
-    """The width a padded, ungrouped blocked conv is computed on (``register_tile.padded_conv_width``): its
-    pad (which it has already) is widened to match, and the epilogue writes the real columns only."""
-    out_blocks, inputs, kernel_h, kernel_w = (int(d) for d in weight.shape[:4])  # inputs: channels or blocks
-    reduction = inputs * kernel_h * kernel_w * (int(weight.shape[4]) if blocked_input else 1)
-    if not isinstance(out_width, int) or reduction < MIN_OUTER_TILE_REDUCTION:
-        return out_width
-    return padded_conv_width(out_width, out_blocks, vector_unit(tvm.target.Target.current()))
 
 
 def _subsamples(call: relax.Call, blocked_input: bool) -> bool:

@@ -42,6 +42,36 @@ def outer_tile(info: ContractionInfo, lanes: int, nr: int, mr: int, unit: Vector
     return ov, rows
 
 
+def ragged_outer_tile(info: ContractionInfo, lanes: int, nr: int, unit: VectorUnit) -> tuple[int, int] | None:
+    """``(ov, mr)`` of a better tile than ``outer_tile``'s whose ``mr`` does not divide the register-blocked
+    axis (``padded_conv_width``), where the reduction is taken in chunks (``reduction_chunk``): the axis's
+    loop is then its own, under the chunk loop, and the contraction rule peels its last, partial tile off
+    (a loop of whole tiles and a loop of one, whose guards their bounds decide). ``None`` where the best
+    tile divides the axis, or the reduction is not chunked: the axis's loop would then hold the tile's
+    init and epilogue too, and TVM's ``loop_partition`` crashed the compile on such a loop (ResNet-50's
+    1x1 64-channel conv at 56x56)."""
+    if not _tiles_outer(info, nr, lanes):
+        return None
+    columns, blocks = info.extents[info.reg], info.extents[info.outer]
+    width = padded_conv_width(columns, blocks, unit)
+    if width == columns:
+        return None
+    _, ov, rows = best_outer_tile(width, blocks, unit)
+    return (ov, rows) if rows < columns and columns % rows and reduction_chunk(info, ov, lanes) is not None else None
+
+
+def _tile_estimate(info: ContractionInfo, columns: int, lanes: int, unit: VectorUnit) -> float:
+    """``best_outer_tile``'s estimate over ``columns`` positions, or a ragged tile's (counted over the
+    positions its whole tiles would cover) where one applies."""
+    blocks = info.extents[info.outer]
+    estimate = best_outer_tile(columns, blocks, unit)[0]
+    width = padded_conv_width(columns, blocks, unit)
+    _, ov, _ = best_outer_tile(width, blocks, unit)
+    if width > columns and reduction_chunk(info, ov, lanes) is not None:
+        estimate = max(estimate, best_outer_tile(width, blocks, unit)[0] * columns / width)
+    return estimate
+
+
 def _tiles_outer(info: ContractionInfo, nr: int, lanes: int) -> bool:
     reduction = product_of(info.extents[p] for p in info.reduce)
     return (
@@ -96,13 +126,14 @@ def best_outer_tile(columns: int, blocks: int, unit: VectorUnit) -> tuple[float,
 
 
 def padded_conv_width(columns: int, blocks: int, unit: VectorUnit) -> int:
-    """The output width a channel-blocked conv is best computed on: ``columns`` rounded up to where the
-    best tile's efficiency, counted over the real columns only, is highest (``columns`` itself on a tie).
+    """The width, in whole tiles, a channel-blocked conv's tile is planned on: ``columns`` rounded up to
+    where the best tile's efficiency, counted over the real columns only, is highest (``columns`` itself
+    on a tie). The conv computes its real columns only, its last tile partial (``ragged_outer_tile``).
 
     ResNet's maps (56, 28, 14, 7) have no factor 3, so no 4 x 3 tile: 8 accumulators, or 1 x 7 on the 7x7
-    map. Over 9 padded columns ResNet-50's 3x3 512-channel conv on it ran 0.86-1.0x its time (0.92 on
-    average over five runs); padded to 15, 30 and 57 columns the 3x3 convs on the larger maps ran
-    0.98-1.0x (AMD EPYC Zen 3, AVX2).
+    map. Computed on 9 padded columns, ResNet-50's 3x3 512-channel conv on it ran 0.86-1.0x its time (0.92
+    on average over five runs), and on 7 with the last tile partial 0.86-0.90x of that again; the 1x1 ones
+    over the map's 49 positions 0.78-0.89x of 1 x 7 (AMD EPYC Zen 3, AVX2).
     """
     best_width, best = columns, best_outer_tile(columns, blocks, unit)[0]
     for width in range(columns + 1, columns + unit.accumulators):
@@ -118,8 +149,7 @@ def flattening_pays(info: ContractionInfo, lanes: int, unit: VectorUnit, flatten
     _, nr = tile_sizes(info, lanes, unit.accumulators)
     if not _tiles_outer(info, nr, lanes):
         return False
-    blocks = info.extents[info.outer]
-    return best_outer_tile(flattened, blocks, unit)[0] > best_outer_tile(info.extents[info.reg], blocks, unit)[0]
+    return _tile_estimate(info, flattened, lanes, unit) > _tile_estimate(info, info.extents[info.reg], lanes, unit)
 
 
 # A padded row tile may compute at most this share of rows past the extent.
