@@ -164,8 +164,9 @@ class Contraction(SafeRule):
             # Per block of channel lanes (the vector indexes the pad plainly); NCHW pads one channel at a time.
             blocks = info.vec in plain_iters
             pad_bytes = total_elements(sch, sch.get_sblock(producers[0])) * 4 // max(1, shares) if blocks else 0
-            # Not under a partial tile's chunked loops: per batch, its tiles' rows ran 1.10x the time of
-            # a pad up front (ResNet-50 at batch 8; AMD EPYC Zen 3, AVX2).
+            # Not for a partial tile (its loop is chunked): with the pad per image and the chunked tiles
+            # under it, ResNet-50 at batch 8 ran 1.10x the time of the build before; with the pad up
+            # front, as at batch 1, 1.01x (AMD EPYC Zen 3, AVX2).
             if plain and shares >= 2 * target_cores(target) and pad_bytes <= PER_CHANNEL_PAD_BYTES and not partial:
                 per_channel = plain
             elif len(plain) >= 2:
