@@ -52,24 +52,28 @@ def ragged_outer_tile(info: ContractionInfo, lanes: int, nr: int, unit: VectorUn
     1x1 64-channel conv at 56x56)."""
     if not _tiles_outer(info, nr, lanes):
         return None
-    columns, blocks = info.extents[info.reg], info.extents[info.outer]
+    partial = _partial_tile(info, info.extents[info.reg], lanes, unit)
+    return None if partial is None else partial[1:]
+
+
+def _partial_tile(info: ContractionInfo, columns: int, lanes: int, unit: VectorUnit) -> tuple[float, int, int] | None:
+    """``(efficiency counted over the real columns, ov, rows)`` of the tile planned on ``columns`` padded to
+    whole tiles, where its last tile would be partial and the reduction is chunked; else ``None``."""
+    blocks = info.extents[info.outer]
     width = padded_conv_width(columns, blocks, unit)
     if width == columns:
         return None
-    _, ov, rows = best_outer_tile(width, blocks, unit)
-    return (ov, rows) if rows < columns and columns % rows and reduction_chunk(info, ov, lanes) is not None else None
+    efficiency, ov, rows = best_outer_tile(width, blocks, unit)
+    if rows >= columns or not columns % rows or reduction_chunk(info, ov, lanes) is None:
+        return None
+    return efficiency * columns / width, ov, rows
 
 
 def _tile_estimate(info: ContractionInfo, columns: int, lanes: int, unit: VectorUnit) -> float:
-    """``best_outer_tile``'s estimate over ``columns`` positions, or a ragged tile's (counted over the
-    positions its whole tiles would cover) where one applies."""
-    blocks = info.extents[info.outer]
-    estimate = best_outer_tile(columns, blocks, unit)[0]
-    width = padded_conv_width(columns, blocks, unit)
-    _, ov, _ = best_outer_tile(width, blocks, unit)
-    if width > columns and reduction_chunk(info, ov, lanes) is not None:
-        estimate = max(estimate, best_outer_tile(width, blocks, unit)[0] * columns / width)
-    return estimate
+    """``best_outer_tile``'s estimate over ``columns`` positions, or a partial tile's where one applies."""
+    estimate = best_outer_tile(columns, info.extents[info.outer], unit)[0]
+    partial = _partial_tile(info, columns, lanes, unit)
+    return estimate if partial is None else max(estimate, partial[0])
 
 
 def _tiles_outer(info: ContractionInfo, nr: int, lanes: int) -> bool:
