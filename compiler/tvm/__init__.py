@@ -27,5 +27,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # computed on a few more columns where they give a better tile; 26: AVX-512 tiles of at most 15
 # accumulators, on the stack; 27: a blocked conv computes its exact width, the tile's last one partial and
 # peeled, where the reduction is chunked; 28: a padded or 1x1 contraction's register tile runs along the map
-# rather than across the batch where the map has 4 columns).
-COMPILER_VERSION = "28"
+# rather than across the batch where the map has 4 columns; 29: a grouped stride-1 conv's blocks of a group share a
+# register tile).
+COMPILER_VERSION = "29"

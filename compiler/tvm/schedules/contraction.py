@@ -36,6 +36,7 @@ from .base import (
     whole_vector_tile,
 )
 from .flat_map import flatten_pointwise_map
+from .groups import split_group_blocks
 from .pads import pad_per_channel, schedule_pad_stage
 from .panel import packable_operand, panel_axes
 from .register_tile import (
@@ -106,6 +107,7 @@ class Contraction(SafeRule):
         names = block_names(sch)
         inline_injective(sch, keep=set(names[: names.index(main_name)]))
         padded = any(has_if_then_else(sch.get(sch.get_sblock(name))) for name in _before(sch, main_name))
+        split_group_blocks(sch, main_name, PER_CHANNEL_PAD_BYTES)
         found = main_contraction(sch, main_name, padded)
         if found is None:
             return None
@@ -334,10 +336,15 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV, padded: bool) -> 
         return None
     vec_var = iter_vars[vec].var
     reads = [r for r in stmt.reads if not r.source.same_as(out.source)]
+    # Indices simplified over the iters' ranges: a grouped conv's split blocks read the input by
+    # ``(g * k + j) // k``, which is ``g`` (groups.py).
+    analyzer = tvm.sym.Analyzer()
+    for iv in iter_vars:
+        analyzer.bind(iv.var, iv.dom)
     # Vector loads must be contiguous: the vector iter may index only innermost dimensions.
     streamed, broadcast = [], []
     for region in reads:
-        dims = [vars_of(r.min) for r in region.region]
+        dims = [vars_of(analyzer.simplify(r.min)) for r in region.region]
         if any(vec_var in d for d in dims[:-1]):
             return None
         (streamed if dims and vec_var in dims[-1] else broadcast).append(dims)
