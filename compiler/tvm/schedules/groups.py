@@ -26,9 +26,9 @@ def split_group_blocks(sch: s_tir.Schedule, main_name: str, max_block_bytes: int
         return False
     main = sch.get_sblock(main_name)
     stmt = sch.get(main)
-    out = stmt.writes[0]
-    if len(stmt.writes) != 1 or len(out.region) != 5:  # NCHWc: a blocked conv's result
+    if len(stmt.writes) != 1 or len(stmt.writes[0].region) != 5:  # NCHWc: a blocked conv's result
         return False
+    out = stmt.writes[0]
     spatial = {iv.var: i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.DataPar}
     found = None
     for region in stmt.reads:
