@@ -106,7 +106,7 @@ class Contraction(SafeRule):
                     sch.compute_inline(sch.get_sblock(name))
         names = block_names(sch)
         inline_injective(sch, keep=set(names[: names.index(main_name)]))
-        padded = any(has_if_then_else(sch.get(sch.get_sblock(name))) for name in _before(sch, main_name))
+        padded = any(has_if_then_else(sch.get(sch.get_sblock(name))) for name in names[: names.index(main_name)])
         split_group_blocks(sch, main_name, PER_CHANNEL_PAD_BYTES)
         found = main_contraction(sch, main_name, padded)
         if found is None:
@@ -147,11 +147,9 @@ class Contraction(SafeRule):
         after = names[names.index(main_name) + 1 :]
         mr, nr = tile_sizes(info, lanes, unit.accumulators)
         ov, mr = outer_tile(info, lanes, nr, mr, unit)
-        # A tile whose last one is partial: for a padded conv (which was computed on a few padded columns)
-        # or a 1x1 one, not a conv over its input as it is (ConvNeXt's 2x2 stride-2 384 -> 768 one onto
-        # a 7x7 map ran 1.09-1.28x the time of 1 x 7 so; AMD EPYC Zen 3, AVX2).
-        window_1x1 = all(info.extents[p] == 1 for p in info.reduce[1:-1])
-        partial = ragged_outer_tile(info, lanes, nr, unit) if producers or window_1x1 else None
+        # A tile whose last one is partial, not for a conv over its input as it is (ConvNeXt's 2x2
+        # stride-2 384 -> 768 one onto a 7x7 map ran 1.09-1.28x the time of 1 x 7 so; AMD EPYC Zen 3, AVX2).
+        partial = ragged_outer_tile(info, lanes, nr, unit) if info.exact_width else None
         if partial is not None:
             ov, mr = partial
 
@@ -354,17 +352,17 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV, padded: bool) -> 
     def streamed_use(p: int) -> bool:
         return any(iter_vars[p].var in d for dims in streamed for d in dims)
 
+    exact_width = padded or all(extents[p] == 1 for p in reduce[1:-1])
     # Register-block the largest axis the streamed operands do not depend on: its values are
     # broadcast and every vector load is reused across the tile's rows. Where the tile may be partial
-    # (``Contraction._try``: a padded or 1x1 window), the batch only where no other axis has
+    # (``ContractionInfo.exact_width``), the batch only where no other axis has
     # MIN_WITHIN_ROWS: at batch 8 a conv onto a 7x7 map tiled 8 images, each broadcast from its own
     # image, and ResNet-50's 3x3 512-channel one ran 1.91x ONNX Runtime's time against 1.19x with
     # tiles along the map's columns. ConvNeXt's unpadded 2x2 downsampling onto 7x7 ran 1.08x the time
     # of 8 images a tile with 1 x 7 (AMD EPYC Zen 3, AVX2).
     candidates = [p for p in spatial if p != vec and extents[p] > 1 and not streamed_use(p)]
     if candidates:
-        partial = padded or all(extents[p] == 1 for p in reduce[1:-1])
-        within = [p for p in candidates if p != spatial[0] and extents[p] >= MIN_WITHIN_ROWS] if partial else []
+        within = [p for p in candidates if p != spatial[0] and extents[p] >= MIN_WITHIN_ROWS] if exact_width else []
         reg = max(within or candidates, key=lambda p: (extents[p], p))
         outers = [
             p for p in spatial
@@ -372,7 +370,7 @@ def _analyze_contraction(sch: s_tir.Schedule, block: SBlockRV, padded: bool) -> 
             and not any(iter_vars[p].var in d for dims in broadcast for d in dims)
         ]  # fmt: skip
         outer = max(outers, key=lambda p: (extents[p], p)) if outers else None
-        return ContractionInfo(spatial, reduce, vec, reg, True, extents, symbolic, multiple, outer)
+        return ContractionInfo(spatial, reduce, vec, reg, True, extents, symbolic, multiple, outer, exact_width)
     # No reuse to win (depthwise conv, pooling): block the axis next to the vector one anyway,
     # for independent accumulators.
     before = [p for p in spatial if p < vec and extents[p] > 1]
@@ -416,11 +414,6 @@ def _known_multiple(extent) -> int:
 def _split_tile(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> tuple[LoopRV, LoopRV]:
     outer, inner = sch.split(loop, factors=[None, factor])
     return outer, inner
-
-
-def _before(sch: s_tir.Schedule, main_name: str) -> list[str]:
-    names = block_names(sch)
-    return names[: names.index(main_name)]
 
 
 def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:

@@ -68,23 +68,26 @@ def split_group_blocks(sch: s_tir.Schedule, main_name: str, max_block_bytes: int
 
 def _group_division(expr, spatial: dict) -> tuple[tirx.Var, int] | None:
     """``(o, k)`` where ``expr`` holds ``o // k`` of a spatial iter ``o`` and a constant ``k > 1``."""
-    divides = isinstance(expr, tirx.FloorDiv) and isinstance(expr.b, tirx.IntImm) and int(expr.b) > 1
-    if divides and isinstance(expr.a, tirx.Var) and expr.a in spatial:
-        return expr.a, int(expr.b)
-    if isinstance(expr, tirx.Add | tirx.Sub | tirx.Mul):
-        return _group_division(expr.a, spatial) or _group_division(expr.b, spatial)
-    return None
+    return next(((t.a, int(t.b)) for t in _terms(expr, tirx.FloorDiv) if _spatial_by_constant(t, spatial)), None)
 
 
 def _strided(expr, spatial: dict) -> bool:
     """Whether ``expr`` steps a spatial iter by a constant past 1 (a strided conv's input row or column)."""
-    if isinstance(expr, tirx.Mul):
-        steps = isinstance(expr.b, tirx.IntImm) and int(expr.b) > 1
-        if steps and isinstance(expr.a, tirx.Var) and expr.a in spatial:
-            return True
+    return any(_spatial_by_constant(t, spatial) for t in _terms(expr, tirx.Mul))
+
+
+def _terms(expr, kind):
+    """The nodes of type ``kind`` in ``expr``'s tree of sums, differences and products (an index)."""
+    if isinstance(expr, kind):
+        yield expr
     if isinstance(expr, tirx.Add | tirx.Sub | tirx.Mul):
-        return _strided(expr.a, spatial) or _strided(expr.b, spatial)
-    return False
+        yield from _terms(expr.a, kind)
+        yield from _terms(expr.b, kind)
+
+
+def _spatial_by_constant(node, spatial: dict) -> bool:
+    """Whether ``node`` (a division or product) is a spatial iter by a constant past 1."""
+    return isinstance(node.a, tirx.Var) and node.a in spatial and isinstance(node.b, tirx.IntImm) and int(node.b) > 1
 
 
 def _reading_iter(stmt, buffer, dim: int) -> int | None:

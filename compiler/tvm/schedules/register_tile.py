@@ -22,6 +22,9 @@ class ContractionInfo:
     # channel block): unrolled beside ``reg`` where the vector axis is one vector, so that each broadcast
     # value feeds several vector FMAs.
     outer: int | None = None
+    # Whether the register-blocked axis may end in a partial tile (``ragged_outer_tile``): a padded conv
+    # (computed on a few padded columns before) or a 1x1 one, not a conv over its input as it is.
+    exact_width: bool = False
 
 
 # A shorter reduction keeps one vector a row. It was 256 while each tile streamed its weights from L2
