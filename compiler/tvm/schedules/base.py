@@ -294,8 +294,16 @@ def vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, lanes: int, parall
 STAGE_ANNOTATION = "jitserve_stage"
 
 
-def inline_injective(sch: s_tir.Schedule, keep: set[str] | None = None) -> None:
-    """Inline every spatial block that can be (except ``keep`` and stages): into consumers, then producers."""
+# Inlining copies a producer's expression once for each load of it in its consumer, and the polynomial
+# math (math.py) loads its argument 5 to 7 times: Add -> Erf -> Mul -> Sigmoid -> Exp inlined into one
+# expression of 1.5 MB, which LLVM took 15.6 s to compile. Past this many nodes copied, the producer
+# stays a stage of its own (one more pass over memory).
+MAX_INLINE_COPIED_NODES = 256
+
+
+def inline_injective(sch: s_tir.Schedule, keep: set[str] | None = None, bounded: bool = False) -> None:
+    """Inline every spatial block that can be (except ``keep`` and stages): into consumers, then producers.
+    ``bounded``: not where that copies more than ``MAX_INLINE_COPIED_NODES`` nodes."""
     keep = keep or set()
     changed = True
     while changed:
@@ -305,6 +313,8 @@ def inline_injective(sch: s_tir.Schedule, keep: set[str] | None = None) -> None:
                 stmt = sch.get(block)
                 if stmt.name_hint in keep or STAGE_ANNOTATION in stmt.annotations or not is_spatial(sch, block):
                     continue
+                if bounded and _copied_nodes(sch, block, inline == sch.compute_inline) > MAX_INLINE_COPIED_NODES:
+                    continue
                 try:
                     inline(block)
                 except Exception:  # noqa: BLE001 - not inlinable: try the next block
@@ -313,6 +323,45 @@ def inline_injective(sch: s_tir.Schedule, keep: set[str] | None = None) -> None:
                 break
             if changed:
                 break
+
+
+def _copied_nodes(sch: s_tir.Schedule, block: SBlockRV, into_consumers: bool) -> int:
+    """How many expression nodes inlining ``block`` copies: the producer's expression once for each load of
+    it past the first (into its consumers, or its producer's into it)."""
+    pairs = (
+        [(block, consumer) for consumer in sch.get_consumers(block)]
+        if into_consumers
+        else [(producer, block) for producer in sch.get_producers(block)]
+    )
+    copied = 0
+    for producer, consumer in pairs:
+        store, reader = sch.get(producer).body, sch.get(consumer).body
+        if not isinstance(store, tirx.BufferStore) or not isinstance(reader, tirx.BufferStore):
+            continue
+        loads = sum(
+            isinstance(node, tvm.ir.TensorLoad) and node.source.same_as(store.buffer) for node in _nodes(reader.value)
+        )
+        copied += max(loads - 1, 0) * sum(1 for _ in _nodes(store.value))
+    return copied
+
+
+def _nodes(expr) -> Iterator:
+    """The float nodes of an expression tree, loads as leaves: the arithmetic an inlining copies (index and
+    condition arithmetic is integer and shared). A node shared by two parents counts twice, as code does."""
+    yield expr
+    if isinstance(expr, tvm.ir.TensorLoad):
+        return
+    if isinstance(expr, tvm.ir.Call):
+        children = expr.args
+    elif isinstance(expr, tirx.Select):
+        children = (expr.true_value, expr.false_value)
+    elif isinstance(expr, tirx.Cast):
+        children = (expr.value,)
+    else:  # binary operators have two operands; leaves none
+        children = [child for child in (getattr(expr, "a", None), getattr(expr, "b", None)) if child is not None]
+    for child in children:
+        if str(child.ty).startswith("float"):
+            yield from _nodes(child)
 
 
 def vectorize_tile(

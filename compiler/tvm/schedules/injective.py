@@ -27,7 +27,7 @@ class Injective(SafeRule):
         blocks = root_blocks(sch)
         if not blocks or not all(is_spatial(sch, b) for b in blocks):
             return None
-        inline_injective(sch)
+        inline_injective(sch, bounded=True)
         for block in root_blocks(sch):
             if trivially_bound(sch, block):
                 lanes = vector_lanes(target, str(sch.get(block).writes[0].source.dtype))

@@ -678,6 +678,26 @@ def test_a_square_or_cube_is_computed_as_products_and_other_powers_are_left_to_l
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
 
 
+def test_chained_polynomial_math_is_kept_in_stages_not_copied_at_every_load():
+    """Each polynomial loads its argument 5 to 7 times: Erf -> Mul -> Sigmoid -> Exp inlined into one
+    expression was 1.5 MB of script and 20 s of LLVM. A producer used once (a GELU's erf) is still inlined."""
+    target = tvm.target.Target(TARGET)
+    chained = next(f for n, f in _fused_kernels(_elementwise_model(), {"x": (2, 6, 40)}).items() if "erf" in n)
+    sch = cpu_schedules.Injective().apply(chained, target, False)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert len(names) == 3, names  # the sigmoid's and the exp's arguments are stages of their own
+    assert len(sch.mod["main"].script()) < 50_000
+    gelu = [
+        helper.make_node("Add", ["x", "b"], ["t0"]),
+        helper.make_node("Erf", ["t0"], ["t1"]),
+        helper.make_node("Mul", ["t0", "t1"], ["y"]),
+    ]
+    model = _model(gelu, ["batch", 6, 40], ["batch", 6, 40], [_const("b", (40,))])
+    func = next(iter(_fused_kernels(model, {"x": (2, 6, 40)}).values()))
+    sch = cpu_schedules.Injective().apply(func, target, False)
+    assert len(sch.get_child_blocks(sch.get_sblock("root"))) == 1
+
+
 @pytest.mark.parametrize(
     ("mcpu", "bits", "registers"),
     [("haswell", 256, 16), ("znver3", 256, 16), ("znver4", 512, 32), ("skylake-avx512", 512, 32), ("x86-64", 128, 16)],
