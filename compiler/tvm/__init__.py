@@ -28,5 +28,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # accumulators, on the stack; 27: a blocked conv computes its exact width, the tile's last one partial and
 # peeled, where the reduction is chunked; 28: a padded or 1x1 contraction's register tile runs along the map
 # rather than across the batch where the map has 4 columns; 29: a grouped stride-1 conv's blocks of a group share a
-# register tile; 30: chained polynomial math kept in stages rather than copied at every load).
-COMPILER_VERSION = "30"
+# register tile; 30: chained polynomial math kept in stages rather than copied at every load; 31: a
+# squeeze-excitation gate computed once per channel, its broadcast multiply a parallel stage).
+COMPILER_VERSION = "31"

@@ -36,6 +36,7 @@ from .base import (
     whole_vector_tile,
 )
 from .flat_map import flatten_pointwise_map
+from .gates import epilogues, mark_broadcast, schedule_stages, stages_after
 from .groups import split_group_blocks
 from .pads import pad_per_channel, schedule_pad_stage
 from .panel import packable_operand, panel_axes
@@ -105,7 +106,8 @@ class Contraction(SafeRule):
                 with contextlib.suppress(Exception):
                     sch.compute_inline(sch.get_sblock(name))
         names = block_names(sch)
-        inline_injective(sch, keep=set(names[: names.index(main_name)]))
+        gate = mark_broadcast(sch, main_name)
+        inline_injective(sch, keep=set(names[: names.index(main_name)]) | ({gate} if gate else set()))
         padded = any(has_if_then_else(sch.get(sch.get_sblock(name))) for name in names[: names.index(main_name)])
         split_group_blocks(sch, main_name, PER_CHANNEL_PAD_BYTES)
         found = main_contraction(sch, main_name, padded)
@@ -134,8 +136,7 @@ class Contraction(SafeRule):
             if symbolic_reg or rows:
                 padding[info.reg] = rows or mr
             sch.pad_einsum(main, padding)
-            names = block_names(sch)
-            after = names[names.index(main_name) + 1 :]
+            after = epilogues(sch, main_name)
             if len(after) > 1:  # the copy out of the padded result, then the epilogue
                 sch.compute_inline(sch.get_sblock(after[0]))
             found = main_contraction(sch, main_name, padded)
@@ -144,7 +145,7 @@ class Contraction(SafeRule):
             main, info = found
         names = block_names(sch)
         producers = names[: names.index(main_name)]
-        after = names[names.index(main_name) + 1 :]
+        after = epilogues(sch, main_name)
         mr, nr = tile_sizes(info, lanes, unit.accumulators)
         ov, mr = outer_tile(info, lanes, nr, mr, unit)
         # A tile whose last one is partial, not for a conv over its input as it is (ConvNeXt's 2x2
@@ -255,6 +256,7 @@ class Contraction(SafeRule):
         if tile is not None:
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             vectorize_tile(sch, epilogue, tile, max_copies=row_copies)
+        schedule_stages(sch, stages_after(sch, main_name), lanes)  # a broadcast of the result (gates.py)
         if info.vec in info.symbolic and info.multiple.get(info.vec, 1) > 1 and info.multiple[info.vec] % nr:
             # A k * W width (a detector's level, not padded: see legalize.py) whose last tile may be a guarded
             # tail: its accumulators are indexed within the tile, or the guard keeps the local buffer from
@@ -382,7 +384,7 @@ def main_contraction(
 ) -> tuple[SBlockRV, ContractionInfo] | None:
     """The contraction block and its analysis, when it has at most one epilogue; ``padded`` where it
     reads a pad stage."""
-    if _epilogue_count(sch, main_name) > 1:
+    if len(epilogues(sch, main_name)) > 1:
         return None
     main = sch.get_sblock(main_name)
     info = _analyze_contraction(sch, main, padded)
@@ -414,11 +416,6 @@ def _known_multiple(extent) -> int:
 def _split_tile(sch: s_tir.Schedule, loop: LoopRV, factor: int) -> tuple[LoopRV, LoopRV]:
     outer, inner = sch.split(loop, factors=[None, factor])
     return outer, inner
-
-
-def _epilogue_count(sch: s_tir.Schedule, main_name: str) -> int:
-    names = block_names(sch)
-    return len(names) - names.index(main_name) - 1
 
 
 def _packed_pad_row(

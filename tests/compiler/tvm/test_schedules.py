@@ -368,6 +368,37 @@ def test_a_grouped_convs_blocks_of_a_group_share_a_register_tile(store):
     assert outcome.manifest.verified is True, outcome.manifest.verification
 
 
+def test_a_gate_broadcast_onto_a_map_is_computed_once_per_channel_and_multiplied_in_parallel(store):
+    """Squeeze-excitation: the gate's bias and sigmoid are the small conv's epilogue, computed once per
+    channel, not again at every position of the map; the multiply is a parallel stage of its own."""
+    channels, squeezed = 64, 16
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+        helper.make_node("Conv", ["pooled", "w1", "b1"], ["squeeze"], kernel_shape=[1, 1]),
+        helper.make_node("Relu", ["squeeze"], ["relu"]),
+        helper.make_node("Conv", ["relu", "w2", "b2"], ["excite"], kernel_shape=[1, 1]),
+        helper.make_node("Sigmoid", ["excite"], ["gate"]),
+        helper.make_node("Mul", ["x", "gate"], ["y"]),
+    ]
+    weights = [
+        _const("w1", (squeezed, channels, 1, 1), 0.2),
+        _const("b1", (squeezed,)),
+        _const("w2", (channels, squeezed, 1, 1), 0.2),
+        _const("b2", (channels,)),
+    ]
+    model = _model(nodes, ["batch", channels, 28, 28], ["batch", channels, 28, 28], weights)
+    bucket = {"x": (2, channels, 28, 28)}
+    func = next(f for n, f in _fused_kernels(model, bucket).items() if "sigmoid" in n and "multiply" in n)
+    sch = cpu_schedules.Contraction().apply(func, tvm.target.Target(TARGET), False)
+    assert sch is not None
+    multiply = sch.get(sch.get_sblock("T_multiply"))
+    assert "T.reinterpret" not in str(multiply.body)  # no sigmoid in it (its NaN test reinterprets)
+    loops = sch.get_loops(sch.get_sblock("T_multiply"))
+    assert sch.get(loops[0]).kind == tvm.tirx.ForKind.PARALLEL
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), bucket, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
 def test_a_channel_blocked_conv_of_a_million_multiply_adds_runs_in_parallel():
     """MobileNetV3's 1x1 80 -> 184 conv on its 14x14 map (2.9M multiply-adds) ran on one core under the
     4M threshold every contraction had; a channel-blocked conv over a map wider than a pixel takes 1M."""
