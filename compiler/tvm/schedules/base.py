@@ -296,7 +296,7 @@ STAGE_ANNOTATION = "jitserve_stage"
 
 # Inlining copies a producer's expression once for each load of it in its consumer, and the polynomial
 # math (math.py) loads its argument 5 to 7 times: Add -> Erf -> Mul -> Sigmoid -> Exp inlined into one
-# expression of 1.5 MB, which LLVM took 15.6 s to compile. Past this many nodes copied, the producer
+# expression of 1.5 MB, which LLVM took 15-20 s to compile. Past this many nodes copied, the producer
 # stays a stage of its own (one more pass over memory).
 MAX_INLINE_COPIED_NODES = 256
 
