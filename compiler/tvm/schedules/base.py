@@ -289,8 +289,14 @@ def vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, lanes: int, parall
             sch.parallel(fused)
 
 
+def schedule_stage(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
+    """A root-level spatial block on its own: vectorized in its dtype's lanes, parallel where large."""
+    lanes = vector_lanes(target, str(sch.get(block).writes[0].source.dtype))
+    vectorize_innermost(sch, block, lanes, total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS)
+
+
 # A block annotation: the block is a stage of its own, computed once, never inlined into its consumers (a
-# resize's first pass, see resize.py).
+# resize's first pass, see resize.py; the multiply that broadcasts a squeeze-excitation gate, gates.py).
 STAGE_ANNOTATION = "jitserve_stage"
 
 

@@ -26,6 +26,7 @@ from .base import (
     loop_bound,
     product_of,
     root_blocks,
+    schedule_stage,
     split_symbolic,
     target_cores,
     total_elements,
@@ -36,7 +37,7 @@ from .base import (
     whole_vector_tile,
 )
 from .flat_map import flatten_pointwise_map
-from .gates import epilogues, mark_broadcast, schedule_stages, stages_after
+from .gates import epilogues, mark_broadcast, stages_after
 from .groups import split_group_blocks
 from .pads import pad_per_channel, schedule_pad_stage
 from .panel import packable_operand, panel_axes
@@ -256,7 +257,8 @@ class Contraction(SafeRule):
         if tile is not None:
             sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
             vectorize_tile(sch, epilogue, tile, max_copies=row_copies)
-        schedule_stages(sch, stages_after(sch, main_name), lanes)  # a broadcast of the result (gates.py)
+        for name in stages_after(sch, main_name):  # a broadcast of the result (gates.py)
+            schedule_stage(sch, sch.get_sblock(name), target)
         if info.vec in info.symbolic and info.multiple.get(info.vec, 1) > 1 and info.multiple[info.vec] % nr:
             # A k * W width (a detector's level, not padded: see legalize.py) whose last tile may be a guarded
             # tail: its accumulators are indexed within the tile, or the guard keeps the local buffer from

@@ -11,15 +11,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .base import (
-    PARALLEL_MIN_ELEMENTS,
-    STAGE_ANNOTATION,
-    block_names,
-    is_spatial,
-    product_of,
-    total_elements,
-    vectorize_innermost,
-)
+from .base import STAGE_ANNOTATION, block_names, is_spatial, product_of
 
 # A consumer writing at least this many times the contraction's elements broadcasts its result.
 MIN_BROADCAST = 8
@@ -29,12 +21,13 @@ def mark_broadcast(sch: s_tir.Schedule, main_name: str) -> str | None:
     """Annotate the block that broadcasts the contraction ``main_name``'s result as a stage of its own, and
     return the name of the gate it reads (the one block between them), which the caller keeps from being
     inlined into it; ``None`` (and nothing annotated) where the result is not broadcast so."""
-    names = block_names(sch)
-    after = names[names.index(main_name) + 1 :]
     size = _elements(sch.get(sch.get_sblock(main_name)))
+    if size is None:
+        return None
+    after = _after(sch, main_name)
     for at, name in enumerate(after):
         block = sch.get_sblock(name)
-        if size is None or not is_spatial(sch, block) or (_elements(sch.get(block)) or 0) < MIN_BROADCAST * size:
+        if not is_spatial(sch, block) or (_elements(sch.get(block)) or 0) < MIN_BROADCAST * size:
             continue
         gates = [sch.get(p).name_hint for p in sch.get_producers(block) if sch.get(p).name_hint in after[:at]]
         if len(gates) != 1:
@@ -60,13 +53,6 @@ def _after(sch: s_tir.Schedule, main_name: str) -> list[str]:
 
 def _stage(sch: s_tir.Schedule, name: str) -> bool:
     return STAGE_ANNOTATION in sch.get(sch.get_sblock(name)).annotations
-
-
-def schedule_stages(sch: s_tir.Schedule, names: list[str], lanes: int) -> None:
-    """Each of ``names`` (root blocks) vectorized, and parallel where large."""
-    for name in names:
-        block = sch.get_sblock(name)
-        vectorize_innermost(sch, block, lanes, total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS)
 
 
 def _elements(stmt) -> int | None:

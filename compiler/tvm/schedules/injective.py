@@ -5,15 +5,12 @@ from __future__ import annotations
 from tvm import s_tir
 
 from .base import (
-    PARALLEL_MIN_ELEMENTS,
     SafeRule,
     inline_injective,
     is_spatial,
     root_blocks,
-    total_elements,
+    schedule_stage,
     trivially_bound,
-    vector_lanes,
-    vectorize_innermost,
 )
 
 
@@ -30,7 +27,5 @@ class Injective(SafeRule):
         inline_injective(sch, bounded=True)
         for block in root_blocks(sch):
             if trivially_bound(sch, block):
-                lanes = vector_lanes(target, str(sch.get(block).writes[0].source.dtype))
-                parallel = total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS
-                vectorize_innermost(sch, block, lanes, parallel)
+                schedule_stage(sch, block, target)
         return sch
