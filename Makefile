@@ -36,15 +36,18 @@ test: lint $(KSERVE_VENV)/.installed
 run: install
 	$(PY) -m server
 
-# The model zoo (loadtest/zoo.py): torchvision's convnets with random weights, exported once into
-# .cache/zoo by an environment of their own (torch is several GB; nothing else imports it).
+# The model zoo (loadtest/zoo.py): torchvision's convnets, ViT-B/16, GPT-2 and BERT-base with random
+# weights, exported once into .cache/zoo by an environment of their own (torch is several GB; nothing
+# else imports it).
+# Hugging Face transformers and onnxscript (torch's dynamo exporter) for the transformers.
 ZOO_VENV := .cache/zoo-venv
-$(ZOO_VENV)/.installed:
+$(ZOO_VENV)/.installed-2:
 	python3 -m venv $(ZOO_VENV)
-	$(ZOO_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 onnx==1.23.2
+	$(ZOO_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1 onnx==1.23.2 \
+		transformers==5.24.0 onnxscript==0.7.2
 	touch $@
 
-zoo: $(ZOO_VENV)/.installed
+zoo: $(ZOO_VENV)/.installed-2
 	$(ZOO_VENV)/bin/python -W ignore::DeprecationWarning loadtest/zoo.py
 
 bench: install zoo

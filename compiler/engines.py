@@ -103,12 +103,15 @@ class TransformedWeights:
         self._lock = threading.Lock()
         self.nbytes = 0
 
-    def get(self, digest: str, compute) -> list:
+    def get(self, digest: str, compute, weights: list) -> list:
+        """The result of ``compute`` over ``weights``, computed once per digest; only what it computed counts
+        in ``nbytes``, not the weights it passes through as they are (an unblocked model's)."""
         with self._lock:  # held while computing: a second bucket waits for the first one's result
             found = self._by_digest.get(digest)
             if found is None:
                 found = self._by_digest[digest] = compute()
-                self.nbytes += sum(tensor_bytes(tensor) for tensor in found)
+                passed = {weight.data_ptr() for weight in weights}
+                self.nbytes += sum(tensor_bytes(tensor) for tensor in found if tensor.data_ptr() not in passed)
             return found
 
 
@@ -159,7 +162,7 @@ class TvmEngine:
                 return list(transform(weights))
 
             shared = transformed is not None and weight_transform is not None
-            weights = transformed.get(weight_transform, compute) if shared else compute()
+            weights = transformed.get(weight_transform, compute, weights) if shared else compute()
         self._weights = weights
         self.input_names = input_names
         self.output_names = output_names

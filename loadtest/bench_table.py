@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 from compiler.flops import model_flops  # noqa: E402
-from loadtest.zoo import ARCHITECTURES, zoo_path  # noqa: E402
+from loadtest.zoo import ARCHITECTURES, TRANSFORMERS, zoo_path  # noqa: E402
 from tests.realmodels import CACHE, CLS, DET, DETECTOR, REC, real_model  # noqa: E402
 from tests.synthetic import bert_encoder_model  # noqa: E402
 
@@ -54,7 +54,14 @@ MODELS = {
     "BERT-base encoder": ("bert_encoder_l12_h768_s128.onnx", ["x=1,128,768", "x=8,128,768"]),
     "YOLOv8n (nudenet 320n)": (DETECTOR, ["images=1,3,320,320", "images=8,3,320,320"]),
     **{f"zoo: {name}": (f"zoo:{name}", ["x=1,3,224,224", "x=8,3,224,224"]) for name in sorted(ARCHITECTURES)},
+    "zoo: vit_b_16": ("zoo:vit_b_16", ["x=1,3,224,224", "x=8,3,224,224"]),
+    "zoo: gpt2": ("zoo:gpt2", ["input_ids=1,128", "input_ids=1,512"]),
+    "zoo: bert_base": (
+        "zoo:bert_base",
+        ["input_ids=1,128;attention_mask=1,128", "input_ids=8,128;attention_mask=8,128"],
+    ),
 }
+assert {f"zoo: {name}" for name in TRANSFORMERS} <= set(MODELS)
 
 
 def model_path(file: str) -> Path:
@@ -129,27 +136,35 @@ def cpu_name() -> str:
     return f"{_cpuinfo('model name') or '?'}, {host_isa()}, {len(os.sched_getaffinity(0))} cores"
 
 
-def bucket_flops(path: Path, shape_args: list[str]) -> dict[str, float]:
+def bucket_shapes(bucket: str) -> dict[str, tuple[int, ...]]:
+    """A bucket of the table, ``x=1,3,224,224`` or, for several inputs, ``ids=1,128;mask=1,128``."""
+    shapes = {}
+    for arg in bucket.split(";"):
+        name, dims = arg.split("=")
+        shapes[name] = tuple(int(d) for d in dims.split(","))
+    return shapes
+
+
+def bucket_flops(path: Path, buckets: list[str]) -> dict[str, float]:
     """GFLOPs per bucket label (as bench prints it, ``x=1x3x48x192``)."""
     model = onnx.load(str(path))
     result = {}
-    for arg in shape_args:
-        name, dims = arg.split("=")
-        sizes = tuple(int(d) for d in dims.split(","))
-        flops, unknown = model_flops(model, {name: sizes})
+    for bucket in buckets:
+        shapes = bucket_shapes(bucket)
+        flops, unknown = model_flops(model, shapes)
         if unknown:  # shapes only onnxsim's folding makes known
             import onnxsim
 
-            simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={name: list(sizes)})
+            simplified, ok = onnxsim.simplify(model, overwrite_input_shapes={n: list(s) for n, s in shapes.items()})
             if ok:
-                flops, _ = model_flops(simplified, {name: sizes})
-        result[f"{name}={'x'.join(map(str, sizes))}"] = flops / 1e9
+                flops, _ = model_flops(simplified, shapes)
+        result[",".join(f"{n}={'x'.join(map(str, s))}" for n, s in sorted(shapes.items()))] = flops / 1e9
     return result
 
 
 def bench(path: Path, shapes: list[str], args, plot: Path) -> list[dict]:
     command = [sys.executable, "-m", "compiler", "bench", str(path), "--runs", str(args.runs), "--plot", str(plot)]
-    command += [arg for shape in shapes for arg in ("--shape", shape)]
+    command += [arg for bucket in shapes for shape in bucket.split(";") for arg in ("--shape", shape)]
     if args.tune_trials:
         command += ["--tune-trials", str(args.tune_trials)]
     if args.target:

@@ -42,27 +42,64 @@ ARCHITECTURES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
     ),  # dilated convs, resize back to the input
 }
 
+# Transformers: name -> (export function's name, input name -> shape at the smallest bucket). ViT-B/16 is
+# torchvision's (its attention is nn.MultiheadAttention); GPT-2 small and BERT-base are Hugging Face
+# transformers' with eager attention (explicit MatMul, scale, mask and Softmax, as exports users bring
+# through optimum have it), exported by torch's dynamo exporter: the TorchScript one fails on
+# transformers' masking (``aten::diff``).
+TRANSFORMERS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
+    "vit_b_16": ("_export_vit", {"x": (1, 3, 224, 224)}),
+    "gpt2": ("_export_gpt2", {"input_ids": (1, 128)}),  # causal mask, logits over the 50,257 tokens
+    "bert_base": ("_export_bert", {"input_ids": (1, 128), "attention_mask": (1, 128)}),
+}
+
+# Every model of the zoo: name -> input name -> shape at batch 1.
+ZOO_MODELS: dict[str, dict[str, tuple[int, ...]]] = {
+    **{name: {"x": shape} for name, (_, _, shape) in ARCHITECTURES.items()},
+    **{name: inputs for name, (_, inputs) in TRANSFORMERS.items()},
+}
+
 
 def zoo_path(name: str) -> Path:
     return ZOO / f"{name}.onnx"
 
 
 def export(name: str) -> Path:
+    """Exports ``name`` into the cache, atomically."""
+    path = zoo_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".part")
+    if name in TRANSFORMERS:
+        globals()[TRANSFORMERS[name][0]](partial)
+    else:
+        _export_convnet(name, partial)
+    partial.replace(path)
+    return path
+
+
+def _export_convnet(name: str, partial: Path) -> None:
+    import torch
+
+    builder, kwargs, shape = ARCHITECTURES[name]
+    model = _torchvision_model(builder, kwargs)
+    calibrate(torch, model, shape)
+    if builder.startswith("segmentation."):
+        model = _first_output(torch, model)
+    _export_torchscript(torch, model, shape, partial)
+
+
+def _torchvision_model(builder: str, kwargs: dict):
     import torch
     import torchvision
 
-    builder, kwargs, shape = ARCHITECTURES[name]
     torch.manual_seed(0)
     module = torchvision.models
     for part in builder.split("."):
         module = getattr(module, part)
-    model = module(weights=None, **kwargs)
-    calibrate(torch, model, shape)
-    if builder.startswith("segmentation."):
-        model = _first_output(torch, model)
-    path = zoo_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".part")
+    return module(weights=None, **kwargs).eval()
+
+
+def _export_torchscript(torch, model, shape: tuple[int, ...], partial: Path) -> None:
     torch.onnx.export(
         model,
         (torch.randn(*shape),),
@@ -73,8 +110,68 @@ def export(name: str) -> Path:
         opset_version=17,
         dynamo=False,
     )
-    partial.replace(path)
-    return path
+
+
+def _export_vit(partial: Path) -> None:
+    import torch
+
+    _export_torchscript(torch, _torchvision_model("vit_b_16", {}), TRANSFORMERS["vit_b_16"][1]["x"], partial)
+
+
+def _export_gpt2(partial: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(use_cache=False)  # GPT-2 small: 12 layers, hidden 768, 12 heads
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids).logits
+
+    _export_dynamo(torch, Logits().eval(), "gpt2", ["logits"], partial)
+
+
+def _export_bert(partial: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig()  # BERT-base: 12 layers, hidden 768, 12 heads
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    _export_dynamo(torch, Hidden().eval(), "bert_base", ["hidden"], partial)
+
+
+def _export_dynamo(torch, model, name: str, outputs: list[str], partial: Path) -> None:
+    """Token-id inputs with symbolic batch and sequence axes, weights inside the file."""
+    inputs = TRANSFORMERS[name][1]
+    batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", min=2, max=1024)
+    examples = tuple(torch.randint(1, 8, shape) for shape in inputs.values())
+    torch.onnx.export(
+        model,
+        examples,
+        str(partial),
+        input_names=list(inputs),
+        output_names=outputs,
+        dynamic_shapes={input_name: {0: batch, 1: seq} for input_name in inputs},
+        opset_version=18,
+        dynamo=True,
+        external_data=False,
+    )
 
 
 def calibrate(torch, model, shape: tuple[int, ...]) -> None:
@@ -111,16 +208,16 @@ def _first_output(torch, model):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", choices=sorted(ARCHITECTURES), help="export these only")
+    parser.add_argument("--only", nargs="*", choices=sorted(ZOO_MODELS), help="export these only")
     parser.add_argument("--list", action="store_true", help="print the zoo as JSON lines and export nothing")
     parser.add_argument("--force", action="store_true", help="export again what the cache holds")
     args = parser.parse_args()
-    for name in args.only or sorted(ARCHITECTURES):
+    for name in args.only or sorted(ZOO_MODELS):
         path = zoo_path(name)
         if not args.list and (args.force or not path.is_file()):
             export(name)
-        shape = ARCHITECTURES[name][2]
-        print(json.dumps({"model": name, "path": str(path.relative_to(REPO)), "shape": shape}), flush=True)
+        line = {"model": name, "path": str(path.relative_to(REPO)), "inputs": ZOO_MODELS[name]}
+        print(json.dumps(line), flush=True)
     return 0
 
 

@@ -333,7 +333,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         mod = _rewritten(mod, _ALWAYS)
         if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()] or not blocks_pay(mod["main"], block):
-            return _rewritten(mod, _LAST)
+            return _ragged_panels(_rewritten(mod, _LAST), block)
         try:
             prepared = _rewritten(mod, _FOR_BLOCKING)
             blocked = relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(prepared))
@@ -347,7 +347,15 @@ def channel_block_passes(target: tvm.target.Target) -> list:
         # jitserve_weights_bytes), for no measured gain. Constants are left to the pipeline's own folding
         # stage, after legalization: folded here, before it, they cost YOLOv8n 1.5 s of its 12.5 s compile,
         # and 1.0 there (11.8 s in all).
-        blocked = relax.transform.Normalize()(panel_matmuls(blocked, block))
+        blocked = relax.transform.Normalize()(panel_matmuls(blocked, block)[0])
         return relax.transform.LiftTransformParams()(blocked)
 
     return [convert]
+
+
+def _ragged_panels(mod: tvm.ir.IRModule, block: int) -> tvm.ir.IRModule:
+    """An unblocked model's matmuls whose weight has no whole number of vectors of columns (GPT-2's
+    50,257-token head) read it from panels: padded within the kernel, the weight was copied whole on
+    every call."""
+    packed, count = panel_matmuls(mod, block, ragged_only=True)
+    return relax.transform.LiftTransformParams()(relax.transform.Normalize()(packed)) if count else mod
