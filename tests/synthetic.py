@@ -248,6 +248,100 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
     return make_model(graph).SerializeToString()
 
 
+def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 97) -> bytes:
+    """A GPT-2-style decoder over ``ids: [batch, seq]`` int64 (``seq`` symbolic) to ``logits: [batch, seq,
+    vocab]``, built as exporters write one: token and position embeddings (Gather, the positions a CumSum
+    over ones, as Hugging Face counts them), pre-norm layers whose causal mask is computed from the
+    sequence's length (Range, Greater, Where with float32's lowest value), the scores scaled after
+    Q @ K, Softmax, GELU in its tanh form, a final LayerNormalization and a head of ``vocab`` columns
+    (97: no whole number of vectors). Deterministic weights (seed 2025)."""
+    if hidden % heads:
+        raise ValueError("hidden must be a multiple of heads")
+    head_dim = hidden // heads
+    rng = np.random.default_rng(2025)
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def const(name: str, array) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(name: str, shape: tuple[int, ...], scale: float) -> str:
+        return const(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def linear(src: str, name: str, n_in: int, n_out: int) -> str:
+        w = weight(f"{name}_w", (n_in, n_out), 1.0 / np.sqrt(n_in))
+        return node("Add", [node("MatMul", [src, w], f"{name}_mm"), weight(f"{name}_b", (n_out,), 0.02)], name)
+
+    def layer_norm(src: str, name: str) -> str:
+        gamma = const(f"{name}_g", (1.0 + rng.standard_normal(hidden) * 0.1).astype(np.float32))
+        return node("LayerNormalization", [src, gamma, weight(f"{name}_b", (hidden,), 0.1)], name, axis=-1)
+
+    def heads_of(src: str, perm: list[int]) -> str:
+        return node("Transpose", [node("Reshape", [src, "heads_shape"], f"{src}_r")], f"{src}_t", perm=perm)
+
+    const("heads_shape", np.array([0, -1, heads, head_dim], dtype=np.int64))
+    const("merge_shape", np.array([0, -1, hidden], dtype=np.int64))
+    const("scale", np.array(np.sqrt(head_dim), dtype=np.float32))
+    const("lowest", np.array(np.finfo(np.float32).min, dtype=np.float32))
+    const("zero", np.array(0, dtype=np.int64))
+    const("one", np.array(1, dtype=np.int64))
+    const("axis0", np.array([0], dtype=np.int64))
+    const("axis1", np.array([1], dtype=np.int64))
+    for name, value_ in {"c_half": 0.5, "c_one": 1.0, "c_cube": 0.044715, "c_root": np.sqrt(2 / np.pi)}.items():
+        const(name, np.array(value_, dtype=np.float32))
+    # The sequence's length, its positions and the causal mask, computed at run time as exports do.
+    shape = node("Shape", ["ids"], "ids_shape")
+    steps = node("Range", ["zero", node("Gather", [shape, "one"], "length", axis=0), "one"], "steps")
+    future = node(
+        "Greater",
+        [node("Unsqueeze", [steps, "axis0"], "key_pos"), node("Unsqueeze", [steps, "axis1"], "query_pos")],
+        "future",
+    )
+    # Position ids as Hugging Face counts them from a mask of ones: a cumulative sum, less one.
+    ones = node("ConstantOfShape", [shape], "ones", value=numpy_helper.from_array(np.array([1], dtype=np.int64)))
+    positions = node("Sub", [node("CumSum", [ones, "one"], "counted"), "one"], "positions")
+    h = node(
+        "Add",
+        [
+            node("Gather", [weight("wte", (vocab, hidden), 0.5), "ids"], "tokens"),
+            node("Gather", [weight("wpe", (64, hidden), 0.1), positions], "places"),
+        ],
+        "embedded",
+    )
+    for i in range(layers):
+        p = f"l{i}_"
+        x = layer_norm(h, f"{p}ln1")
+        q = heads_of(linear(x, f"{p}q", hidden, hidden), [0, 2, 1, 3])
+        k = heads_of(linear(x, f"{p}k", hidden, hidden), [0, 2, 3, 1])
+        v = heads_of(linear(x, f"{p}v", hidden, hidden), [0, 2, 1, 3])
+        scores = node("Div", [node("MatMul", [q, k], f"{p}qk"), "scale"], f"{p}scores")
+        probs = node("Softmax", [node("Where", [future, "lowest", scores], f"{p}masked")], f"{p}probs", axis=-1)
+        ctx = node("Transpose", [node("MatMul", [probs, v], f"{p}ctx_h")], f"{p}ctx_t", perm=[0, 2, 1, 3])
+        h = node(
+            "Add", [h, linear(node("Reshape", [ctx, "merge_shape"], f"{p}ctx"), f"{p}o", hidden, hidden)], f"{p}r1"
+        )
+        up = linear(layer_norm(h, f"{p}ln2"), f"{p}up", hidden, 4 * hidden)
+        cube = node("Mul", [node("Mul", [node("Mul", [up, up], f"{p}sq"), up], f"{p}cu"), "c_cube"], f"{p}cubed")
+        inner = node("Mul", [node("Add", [up, cube], f"{p}poly"), "c_root"], f"{p}inner")
+        gate = node("Mul", [node("Add", [node("Tanh", [inner], f"{p}tanh"), "c_one"], f"{p}plus"), "c_half"], f"{p}g")
+        h = node("Add", [h, linear(node("Mul", [up, gate], f"{p}gelu"), f"{p}down", 4 * hidden, hidden)], f"{p}r2")
+    head = weight("head", (hidden, vocab), 1.0 / np.sqrt(hidden))
+    node("MatMul", [layer_norm(h, "ln_f"), head], "logits")
+    graph = helper.make_graph(
+        nodes,
+        "causal_decoder",
+        [value("ids", "int64", ["batch", "seq"])],
+        [value("logits", "float32", ["batch", "seq", vocab])],
+        initializer=inits,
+    )
+    return make_model(graph).SerializeToString()
+
+
 def embedding_model(vocab: int = 50, dim: int = 8, *, computed_index: bool = False) -> bytes:
     """``y = ReduceMean(Gather(table, ids), axis=1)`` over ``ids: [batch, seq]`` int64: a text
     encoder's embedding. With ``computed_index`` the table is indexed by ``ids + 1``, a value no

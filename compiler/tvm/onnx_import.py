@@ -34,6 +34,10 @@ class Importer(ONNXGraphImporter):
         if op_name == "Resize":
             inputs = _integral_scales(inputs)
         result = self._constant_clip(inputs, attrs, opset) if op_name == "Clip" else None
+        if op_name == "Range" and (counted := _counting_range(inputs)) is not None:
+            result = self.bb.normalize(counted)
+        elif op_name == "Reshape":
+            result = _scalar_as_shape(inputs)
         if result is None:
             result = super()._convert_operator(op_name, inputs, attrs, opset)
         index = len(self.converted)
@@ -97,6 +101,39 @@ class Importer(ONNXGraphImporter):
 
 def _identifier(op_type: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", op_type).strip("_").lower() or "node"
+
+
+def _constant_int(value) -> int | None:
+    if isinstance(value, tvm.ir.GenericConst) and value.value.numpy().size == 1:
+        number = value.value.numpy().reshape(())
+        return int(number) if np.issubdtype(number.dtype, np.integer) else None
+    return None
+
+
+def _counting_range(inputs: list) -> relax.Expr | None:
+    """``Range(start, n, step)`` over a sequence's symbolic length ``n`` (a decoder's positions), constant
+    start and step, as ``arange``, whose shape TVM knows: the frontend computes its length as a tensor, and
+    every shape after it (the position embeddings, the attention heads' Reshape) is unknown. ``None``
+    for any other Range (the frontend's form)."""
+    if len(inputs) != 3 or not tvm.ir.is_prim_expr(inputs[1]):
+        return None
+    if str(getattr(inputs[1], "dtype", None) or inputs[1].ty) != "int64":
+        return None
+    start, step = _constant_int(inputs[0]), _constant_int(inputs[2])
+    if start is None or step is None or step <= 0:
+        return None
+    return relax.op.arange(start, inputs[1], step, "int64")
+
+
+def _scalar_as_shape(inputs: list) -> relax.Expr | None:
+    """A Reshape of a symbolic scalar (GPT-2's ``seq + 1``) to one element, as a one-element shape: what
+    the frontend makes of an Unsqueeze of one (it refuses the Reshape). ``None`` for any other Reshape."""
+    if len(inputs) < 2 or not tvm.ir.is_prim_expr(inputs[0]) or not isinstance(inputs[1], tvm.ir.GenericConst):
+        return None
+    target = inputs[1].value.numpy().tolist()
+    if target in ([1], [-1]):
+        return relax.ShapeExpr([inputs[0]])
+    return inputs[0] if target == [] else None
 
 
 def _integral_scales(inputs: list) -> list:

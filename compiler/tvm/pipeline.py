@@ -60,12 +60,31 @@ def tuned_module_passes(target: tvm.target.Target) -> list:
 
 TUNING_RECORD = "tuning record"
 """What scheduled a kernel that MetaScheduleApplyDatabase scheduled from the tuning database."""
+TOPI_SCHEDULE = "TOPI"
+"""What scheduled a kernel that arrives scheduled by its TOPI implementation: one opaque block with parallel
+loops and no root block for a rule to read (a CumSum over a symbolic sequence, parallel across the rows it
+scans)."""
 
 
 def default_rules(target: tvm.target.Target, symbolic_bounds: SymbolicBounds | None = None) -> list:
     if target.kind.name == "cuda":
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     return default_cpu_rules(symbolic_bounds)
+
+
+def _scheduled_by_topi(func: tirx.PrimFunc) -> bool:
+    """Whether ``func``'s body is an opaque block (no root block) whose loops TOPI already made parallel."""
+    block = getattr(func.body, "block", None)
+    if block is None or block.name_hint == "root":
+        return False
+    pending = [block.body]
+    while pending:  # the statements under it, through their bodies and branches
+        stmt = pending.pop()
+        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.PARALLEL:
+            return True
+        pending.extend(getattr(stmt, "seq", None) or [])
+        pending.extend(x for x in (getattr(stmt, f, None) for f in ("body", "block", "then_case", "else_case")) if x)
+    return False
 
 
 def default_schedule_pass(
@@ -82,6 +101,9 @@ def default_schedule_pass(
     def schedule(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc | None:
         if func.attrs and func.attrs.get("tirx.is_scheduled"):
             record[name] = TUNING_RECORD
+            return None
+        if _scheduled_by_topi(func):
+            record[name] = TOPI_SCHEDULE
             return None
         target_here = func.attrs.get("target") if func.attrs else None
         for rule in rules:

@@ -175,7 +175,11 @@ def _vectorizable_math(sch: s_tir.Schedule) -> bool:
         tvm.ir.Op.get("tirx.tanh"): _tanh_float32,
         tvm.ir.Op.get("tirx.pow"): _power_float32,
     }
-    for block_rv in root_blocks(sch):
+    try:
+        blocks = root_blocks(sch)
+    except s_tir.ScheduleError:  # no root block: a CumSum of the dynamic tier is one opaque block
+        return False
+    for block_rv in blocks:
         block = sch.get(block_rv)
         store = block.body
         if not isinstance(store, tirx.BufferStore) or block.init is not None:
