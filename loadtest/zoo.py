@@ -1,16 +1,19 @@
-"""The model zoo: standard convnet architectures, exported to ONNX with random weights, for benchmarks.
+"""The model zoo: standard convnet and transformer architectures, exported to ONNX with random weights,
+for benchmarks.
 
     make zoo                                  # the environment with torch, then every model
     .cache/zoo-venv/bin/python loadtest/zoo.py [--only resnet50 ...] [--list]
 
-The speed of a network is its architecture's, not its weights': each model is torchvision's with
+The speed of a network is its architecture's, not its weights': each convnet is torchvision's with
 seeded random weights (no download), exported once by torch's TorchScript exporter (opset 17, the
 form most models users bring were exported in) with a symbolic batch axis, and written atomically to
 ``.cache/zoo/v<ZOO_VERSION>/<name>.onnx``. BatchNorm's scales are random and its statistics measured on random
 images (``calibrate``), so that folding them into the convolutions makes ordinary weights and
 activations stay near unit scale, as in a trained network. torch lives in an environment of its own
 (``.cache/zoo-venv``, several GB): neither the server nor its tests import it. The YOLOv8n detector of
-the zoo is the real one shipped in nudenet's wheel (``tests/realmodels.py``).
+the zoo is the real one shipped in nudenet's wheel (``tests/realmodels.py``). The transformers
+(``TRANSFORMERS``) are torchvision's ViT-B/16 and Hugging Face's GPT-2 small and BERT-base, the last two
+exported by the dynamo exporter with symbolic batch and sequence axes.
 """
 
 from __future__ import annotations

@@ -169,6 +169,41 @@ def slow_model(layers: int = 32, width: int = 1024, *, compilable: bool = False)
     return make_model(graph).SerializeToString()
 
 
+class _Graph:
+    """A synthetic model's nodes and seeded weights, added one call at a time; each call returns the name of
+    what it made."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.inits: list[onnx.TensorProto] = []
+        self.nodes: list[onnx.NodeProto] = []
+
+    def const(self, name: str, array) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(self, name: str, shape: tuple[int, ...], scale: float) -> str:
+        return self.const(name, (self.rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def linear(self, src: str, name: str, n_in: int, n_out: int) -> str:
+        w = self.weight(f"{name}_w", (n_in, n_out), 1.0 / np.sqrt(n_in))
+        b = self.weight(f"{name}_b", (n_out,), 0.02)
+        return self.node("Add", [self.node("MatMul", [src, w], f"{name}_mm"), b], name)
+
+    def heads(self, src: str, perm: list[int]) -> str:
+        """``src`` reshaped by the graph's ``heads_shape`` and transposed by ``perm``."""
+        return self.node("Transpose", [self.node("Reshape", [src, "heads_shape"], f"{src}_r")], f"{src}_t", perm=perm)
+
+    def layer_norm(self, src: str, name: str, hidden: int) -> str:
+        gamma = self.const(f"{name}_g", (1.0 + self.rng.standard_normal(hidden) * 0.1).astype(np.float32))
+        beta = self.weight(f"{name}_b", (hidden,), 0.1)
+        return self.node("LayerNormalization", [src, gamma, beta], name, axis=-1)
+
+
 def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 128) -> bytes:
     """A BERT-style encoder without embeddings over ``x: [batch, seq, hidden]`` float32.
 
@@ -186,33 +221,11 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
     if hidden % heads:
         raise ValueError("hidden must be a multiple of heads")
     head_dim = hidden // heads
-    rng = np.random.default_rng(2024)
-    inits: list[onnx.TensorProto] = []
-    nodes: list[onnx.NodeProto] = []
-
-    def const(name: str, array: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(array, name))
-        return name
-
-    def weight(name: str, shape: tuple[int, ...], scale: float) -> str:
-        return const(name, (rng.standard_normal(shape) * scale).astype(np.float32))
-
-    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], **attrs))
-        return output
-
-    def linear(src: str, name: str, n_in: int, n_out: int) -> str:
-        w = weight(f"{name}_w", (n_in, n_out), 1.0 / np.sqrt(n_in))
-        b = weight(f"{name}_b", (n_out,), 0.02)
-        return node("Add", [node("MatMul", [src, w], f"{name}_mm"), b], name)
-
-    def split_heads(src: str, perm: list[int]) -> str:
-        return node("Transpose", [node("Reshape", [src, "heads_shape"], f"{src}_r")], f"{src}_t", perm=perm)
+    graph = _Graph(2024)
+    const, node, linear, split_heads = graph.const, graph.node, graph.linear, graph.heads
 
     def layer_norm(src: str, name: str) -> str:
-        gamma = const(f"{name}_g", (1.0 + rng.standard_normal(hidden) * 0.1).astype(np.float32))
-        beta = weight(f"{name}_b", (hidden,), 0.1)
-        return node("LayerNormalization", [src, gamma, beta], name, axis=-1)
+        return graph.layer_norm(src, name, hidden)
 
     const("heads_shape", np.array([0, seq, heads, head_dim], dtype=np.int64))
     const("merge_shape", np.array([0, seq, hidden], dtype=np.int64))
@@ -239,11 +252,11 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
 
     node("Identity", [h], "y")
     graph = helper.make_graph(
-        nodes,
+        graph.nodes,
         "bert_encoder",
         [value("x", "float32", ["batch", seq, hidden])],
         [value("y", "float32", ["batch", seq, hidden])],
-        initializer=inits,
+        initializer=graph.inits,
     )
     return make_model(graph).SerializeToString()
 
@@ -258,31 +271,11 @@ def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, voca
     if hidden % heads:
         raise ValueError("hidden must be a multiple of heads")
     head_dim = hidden // heads
-    rng = np.random.default_rng(2025)
-    inits: list[onnx.TensorProto] = []
-    nodes: list[onnx.NodeProto] = []
-
-    def const(name: str, array) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def weight(name: str, shape: tuple[int, ...], scale: float) -> str:
-        return const(name, (rng.standard_normal(shape) * scale).astype(np.float32))
-
-    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], **attrs))
-        return output
-
-    def linear(src: str, name: str, n_in: int, n_out: int) -> str:
-        w = weight(f"{name}_w", (n_in, n_out), 1.0 / np.sqrt(n_in))
-        return node("Add", [node("MatMul", [src, w], f"{name}_mm"), weight(f"{name}_b", (n_out,), 0.02)], name)
+    graph = _Graph(2025)
+    const, weight, node, linear, heads_of = graph.const, graph.weight, graph.node, graph.linear, graph.heads
 
     def layer_norm(src: str, name: str) -> str:
-        gamma = const(f"{name}_g", (1.0 + rng.standard_normal(hidden) * 0.1).astype(np.float32))
-        return node("LayerNormalization", [src, gamma, weight(f"{name}_b", (hidden,), 0.1)], name, axis=-1)
-
-    def heads_of(src: str, perm: list[int]) -> str:
-        return node("Transpose", [node("Reshape", [src, "heads_shape"], f"{src}_r")], f"{src}_t", perm=perm)
+        return graph.layer_norm(src, name, hidden)
 
     const("heads_shape", np.array([0, -1, heads, head_dim], dtype=np.int64))
     const("merge_shape", np.array([0, -1, hidden], dtype=np.int64))
@@ -333,11 +326,11 @@ def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, voca
     head = weight("head", (hidden, vocab), 1.0 / np.sqrt(hidden))
     node("MatMul", [layer_norm(h, "ln_f"), head], "logits")
     graph = helper.make_graph(
-        nodes,
+        graph.nodes,
         "causal_decoder",
         [value("ids", "int64", ["batch", "seq"])],
         [value("logits", "float32", ["batch", "seq", vocab])],
-        initializer=inits,
+        initializer=graph.inits,
     )
     return make_model(graph).SerializeToString()
 
