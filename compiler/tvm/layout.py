@@ -342,11 +342,11 @@ def channel_block_passes(target: tvm.target.Target) -> list:
             # in source layout ABC"): the model keeps NCHW, as it compiled before, rather than failing.
             return _rewritten(mod, _LAST)
         blocked = relax.transform.Normalize()(_rewritten(blocked, _LAST))
-        # Only a blocked model's weight work is lifted (its matmuls' weights packed into panels among it):
-        # lifted, an encoder's weight transposes became a second copy of its weights in memory (2x
-        # jitserve_weights_bytes), for no measured gain. Constants are left to the pipeline's own folding
-        # stage, after legalization: folded here, before it, they cost YOLOv8n 1.5 s of its 12.5 s compile,
-        # and 1.0 there (11.8 s in all).
+        # Only a blocked model's weight work is lifted (its matmuls' weights packed into panels among it), or
+        # an unblocked one's with a ragged matmul (``_ragged_panels``): lifted, an encoder's weight transposes
+        # became a second copy of its weights in memory (2x jitserve_weights_bytes), for no measured gain.
+        # Constants are left to the pipeline's own folding stage, after legalization: folded here, before it,
+        # they cost YOLOv8n 1.5 s of its 12.5 s compile, and 1.0 there (11.8 s in all).
         blocked = relax.transform.Normalize()(panel_matmuls(blocked, block)[0])
         return relax.transform.LiftTransformParams()(blocked)
 
