@@ -12,13 +12,15 @@ from collections.abc import Callable
 
 from .arrays import random_inputs
 from .buckets import Bucket, bucket_label
-from .build import compile_bucket, open_kernel
+from .build import compile_bucket, open_kernel, profile_kernel
 from .engines import Engine, OrtEngine
+from .errors import JitServeError
 from .model import LoadedModel
 from .options import CompileOptions
 from .profile import compare_by_class, format_profile, kernel_profile, ort_profile
 from .store import ArtifactStore
 from .timing import median_latencies_ms
+from .tuning_plan import kernel_times
 
 
 def bench_bucket(
@@ -30,6 +32,7 @@ def bench_bucket(
     *,
     runs: int = 20,
     tune_trials: int = 0,
+    tune_trials_per_task: int = 16,
     ort_threads: int | None = None,
     ort_spinning: bool = True,
     profile: bool = False,
@@ -43,19 +46,30 @@ def bench_bucket(
     tiers = {"tvm": options}
     if tune_trials:
         tiers["tvm_tuned"] = options.model_copy(
-            update={"tune_trials": tune_trials, "database_dir": str(store.root / "tuning")}
+            update={
+                "tune_trials": tune_trials,
+                "tune_trials_per_task": tune_trials_per_task,
+                "database_dir": str(store.root / "tuning"),
+            }
         )
     facts: dict = {"bucket": bucket_label(bucket), "target": kind}
+    ranking: dict = {}
     for tier, tier_options in tiers.items():
-        outcome = compile_bucket(model, bucket, target, store, tier_options)
+        outcome = compile_bucket(model, bucket, target, store, tier_options, kernel_times=ranking)
         manifest = outcome.manifest
+        if tune_trials and tier == "tvm" and manifest.verified:  # the kernels that lose most are tuned first
+            ranking = _tuning_ranking(model, manifest, store, bucket, options, threads=ort_threads, log=log)
         log(f"{bucket_label(bucket)} {tier}: built in {manifest.compile_seconds:.1f}s (cached={outcome.cached})")
         engines[tier] = open_kernel(model, outcome, store, kind)
         if tier == "tvm":
             facts |= {"compile_seconds": round(manifest.compile_seconds, 2), "cached": outcome.cached}
         else:
             tuning = manifest.tuning or {}
-            facts |= {"tune_seconds": round(tuning.get("tune_seconds", 0.0), 1), "tune_trials": tuning.get("trials")}
+            facts |= {
+                "tune_seconds": round(tuning.get("tune_seconds", 0.0), 1),
+                "tune_trials": tuning.get("trials"),
+                "tune_plan": tuning.get("plan"),
+            }
         facts[f"{tier}_verified"] = manifest.verified
         facts[f"{tier}_unscheduled"] = manifest.unscheduled
     dtypes = {s.name: s.dtype for s in signature.inputs}
@@ -70,6 +84,16 @@ def bench_bucket(
         **{f"{tier}_ms": round(ms, 3) for tier, ms in latency.items()},
         "ratio_vs_ort": {tier: round(ms / ort_ms, 2) for tier, ms in latency.items()},
     }
+
+
+def _tuning_ranking(model, manifest, store, bucket, options, *, threads, log) -> dict:
+    """The untuned kernel's explain profile, which ranks the tuning tasks; empty where it cannot be made."""
+    try:
+        shapes = {name: list(dims) for name, dims in bucket.items()}
+        return kernel_times(profile_kernel(model, manifest, store, shapes, options, threads=threads))
+    except JitServeError as exc:
+        log(f"{bucket_label(bucket)}: tuning ranked by kernel time alone (no profile: {exc})")
+        return {}
 
 
 def _profile(model: LoadedModel, engines: dict[str, Engine], inputs, ort_threads: int | None, log) -> dict:

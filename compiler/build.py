@@ -13,7 +13,9 @@ from pathlib import Path
 
 from .buckets import Bucket
 from .engines import TvmEngine
-from .errors import CompileTimeoutError
+from .errors import CompileTimeoutError, NotFoundError
+from .explain_profile import ProfileJob, profile_stored
+from .explain_report import REPORT_FILE
 from .model import LoadedModel
 from .options import BuildJob, CompileOptions, PrepareJob, read_source
 from .store import EXPLAIN_DIR, LIBRARY_NAME, ArtifactStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
@@ -21,6 +23,8 @@ from .weights import load_weights
 from .worker import run_in_child
 
 LEASE_WAIT_FACTOR = 2.0
+TUNING_SHARE = 0.75
+"""Of a tuning compile's time limit, what tuning may take: the build and verification need the rest."""
 """Another process building the same kernel is waited for up to this many times the compile timeout."""
 
 
@@ -114,11 +118,13 @@ def compile_bucket(
     builder=_build_in_child,
     progress_path: str | None = None,
     verify_sizes: dict[str, list[int]] | None = None,
+    kernel_times: dict[str, tuple[float | None, float | None]] | None = None,
 ) -> CompileOutcome:
     """Return the stored artifact for this key, compiling it first if needed.
 
     ``builder`` runs in the child; tests pass one that crashes on purpose.
-    A tuning compile writes its progress to ``progress_path`` as it goes.
+    A tuning compile writes its progress to ``progress_path`` as it goes, and tunes first the kernels
+    that lose most in ``kernel_times`` (the untuned kernel's explain profile, :func:`tuning_profile`).
     A dim given as a name (``{"x": (1, 3, 48, "W")}``) stays symbolic: the
     dynamic-shape tier, one kernel for every size of it, verified at each of
     ``verify_sizes[name]``.
@@ -160,6 +166,8 @@ def compile_bucket(
                     rpc_key=options.rpc_key,
                     index_limits=model.index_bounds.limits,
                     progress_path=progress_path,
+                    tune_seconds=options.timeout_seconds * TUNING_SHARE,
+                    kernel_times=kernel_times,
                     verify_sizes=verify_sizes,
                     explain_dir=str(staging / EXPLAIN_DIR) if options.explain else None,
                     explain_code=options.explain_code,
@@ -202,3 +210,52 @@ def open_kernel(model: LoadedModel, outcome: CompileOutcome, store: ArtifactStor
         device=device,
         weights=[weights[name] for name in outcome.manifest.weights],
     )
+
+
+def profile_job(
+    model: LoadedModel,
+    manifest: Manifest,
+    store: ArtifactStore,
+    explain_dir: Path,
+    shapes: dict[str, list[int]],
+    *,
+    runs: int = 10,
+    threads: int | None = None,
+) -> ProfileJob:
+    """The job of profiling a stored kernel into the explain bundle at ``explain_dir``, on inputs of ``shapes``."""
+    signature = model.signature
+    return ProfileJob(
+        model_source=model_source(model),
+        library=str(store.library_path(manifest.key)),
+        weights_dir=str(store.prepared_path(model.digest)),
+        weight_names=list(manifest.weights),
+        input_names=signature.input_names,
+        output_names=signature.output_names,
+        shapes=shapes,
+        dtypes={s.name: s.dtype for s in signature.inputs},
+        index_limits=model.index_bounds.limits,
+        explain_dir=str(explain_dir),
+        runs=runs,
+        threads=threads,
+        device=manifest.target["kind"],
+    )
+
+
+def profile_kernel(
+    model: LoadedModel,
+    manifest: Manifest,
+    store: ArtifactStore,
+    shapes: dict[str, list[int]],
+    options: CompileOptions,
+    *,
+    runs: int = 10,
+    threads: int | None = None,
+    timeout: float = 120.0,
+) -> dict:
+    """Time a stored kernel kernel by kernel beside ONNX Runtime's nodes on inputs of ``shapes``, in a child
+    (below serving, as ``options`` says); the profile is written into its explain bundle and returned."""
+    directory = store.library_path(manifest.key).parent / EXPLAIN_DIR
+    if not (directory / REPORT_FILE).is_file():
+        raise NotFoundError(f"kernel {manifest.key[:16]} has no explain bundle to profile")
+    job = profile_job(model, manifest, store, directory, shapes, runs=runs, threads=threads)
+    return run_in_child(profile_stored, job, timeout=timeout, what="profile", **options.child_limits())

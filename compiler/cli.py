@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_bucket_arguments(bench)
     bench.add_argument("--runs", type=int, default=20, help="timed runs per engine (median reported)")
     bench.add_argument("--tune-trials", type=int, default=0, help="also tune each bucket with N MetaSchedule trials")
+    bench.add_argument(
+        "--tune-trials-per-task", type=int, default=None, help="at most this many for one kernel (the server's setting)"
+    )
+    bench.add_argument(
+        "--timeout", type=float, default=None, help="compile time limit, seconds (a tuning compile tunes for 3/4 of it)"
+    )
     bench.add_argument("--plot", default=None, metavar="FILE.png", help="draw the ratios against ONNX Runtime")
     bench.add_argument(
         "--profile",
@@ -210,28 +216,13 @@ def _explain(args, settings) -> list[dict]:
 def _profile_explained(model, outcome, store, destination, *, shapes, runs) -> dict:
     """Each kernel's time beside ONNX Runtime's on the same nodes, at the shape given (a dynamic bucket
     runs it unpadded), into the bundle: the server's profile, in this process."""
-    from .explain_profile import ProfileJob, profile_stored
+    from .build import profile_job
+    from .explain_profile import profile_stored
 
-    manifest, signature = outcome.manifest, model.signature
-    return profile_stored(
-        ProfileJob(
-            model_source=model.data,
-            library=str(outcome.library_path),
-            weights_dir=str(store.prepared_path(model.digest)),
-            weight_names=list(manifest.weights),
-            input_names=signature.input_names,
-            output_names=signature.output_names,
-            shapes={
-                name: [d if isinstance(d, int) else shapes[name][i] for i, d in enumerate(dims)]
-                for name, dims in manifest.bucket.items()
-            },
-            dtypes={spec.name: spec.dtype for spec in signature.inputs},
-            index_limits=model.index_bounds.limits,
-            explain_dir=str(destination),
-            runs=runs,
-            device=manifest.target["kind"],
-        )
-    )
+    manifest = outcome.manifest
+    sizes = {name: [d if isinstance(d, int) else shapes[name][i] for i, d in enumerate(dims)]
+             for name, dims in manifest.bucket.items()}  # fmt: skip
+    return profile_stored(profile_job(model, manifest, store, destination, sizes, runs=runs))
 
 
 def _bench(args, settings) -> list[dict]:
@@ -251,6 +242,7 @@ def _bench(args, settings) -> list[dict]:
             options,
             runs=args.runs,
             tune_trials=args.tune_trials,
+            tune_trials_per_task=args.tune_trials_per_task or settings.tune_trials_per_task,
             ort_threads=settings.kernel_threads or None,
             ort_spinning=not args.ort_no_spin,
             profile=args.profile,

@@ -55,6 +55,10 @@ class CompileSettings(BaseSettings):
     verify_seed: int = 0
     """Seed of the random inputs used to verify kernels and check padding safety."""
 
+    tune_trials_per_task: int = Field(16, ge=1)
+    """MetaSchedule trials for one task (fused kernel) at most: the server's tuning, and ``bench
+    --tune-trials``. Tasks are tuned in the order of what they lose to ONNX Runtime."""
+
     @property
     def kernel_store_dir(self) -> Path:
         """The content-addressed artifact store of compiled kernels."""
@@ -136,6 +140,10 @@ class BuildJob:
     """input -> size of the dimension it indexes: verification inputs stay below it."""
     progress_path: str | None = None
     """Where tuning writes its progress (``{"trials", "best_ms"}``) as it goes."""
+    tune_seconds: float | None = None
+    """No tuning task starts that would not end within this (the build and verification follow)."""
+    kernel_times: dict[str, tuple[float | None, float | None]] | None = None
+    """The untuned kernel's explain profile (kernel -> its ms, ONNX Runtime's ms): what ranks the tuning tasks."""
     verify_sizes: dict[str, list[int]] | None = None
     """A symbolic bucket's named dim -> the sizes it is verified at (one kernel serves them all)."""
     explain_dir: str | None = None

@@ -215,9 +215,6 @@ class Settings(CompileSettings):
     tune_trials_per_bucket: int = Field(64, ge=1)
     """MetaSchedule trials for one bucket (over all its tasks)."""
 
-    tune_trials_per_task: int = Field(16, ge=1)
-    """MetaSchedule trials for one task (fused kernel) at most."""
-
     tuning_seconds_per_bucket: float = Field(600.0, gt=0)
     """A bucket's tuning child is stopped past this (the bucket stays on its current engine)."""
 

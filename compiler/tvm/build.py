@@ -32,7 +32,8 @@ from . import COMPILER_VERSION
 from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
-from .tuning import open_shared_database, tune
+from .tuning import tune
+from .tuning_database import open_shared_database
 
 
 def specialize(model: onnx.ModelProto, bucket: dict[str, tuple], simplify: bool) -> tuple[onnx.ModelProto, bool]:
@@ -174,6 +175,8 @@ def build_and_verify(job: BuildJob) -> dict:
             database_dir=job.database_dir,
             progress_path=job.progress_path,
             rpc=(job.rpc_tracker, job.rpc_key) if job.rpc_tracker else None,
+            kernel_times=job.kernel_times,
+            seconds=job.tune_seconds,
         )
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}

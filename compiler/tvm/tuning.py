@@ -1,16 +1,14 @@
-"""MetaSchedule tuning of one bucket, and the shared tuning database.
+"""MetaSchedule tuning of one bucket into the shared tuning database (:mod:`.tuning_database`).
 
-Runs in the compile child only (imports TVM). The shared database is a
-MetaSchedule JSON database in the data dir, shared by every bucket and every
-restart: a tuning run writes into its own database first and then merges
-into the shared one under a file lock, replacing each file in one rename, so
-a compile reading it never sees a half-written file.
+Runs in the compile child only (imports TVM). The bucket's tasks are ranked
+by what they lose (:mod:`compiler.tuning_plan`) and tuned one at a time, the
+most costly first, each merged into the shared database as it ends: a run
+stopped at its time limit keeps what it tuned.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
 import importlib.util
 import json
@@ -22,8 +20,6 @@ import sys
 import tempfile
 import time
 import types
-from contextlib import contextmanager
-from pathlib import Path
 
 import tvm
 from tvm import relax
@@ -32,14 +28,13 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..engines import TRANSFORM_PARAMS
 from ..errors import CompileError
+from ..tuning_plan import TaskCost, plan_tuning
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
+from .tuning_database import merge_into_shared, open_shared_database, records_of
 
 RPC_SESSION_SECONDS = 120
 """One candidate's measurement over RPC (upload, load, run) may take this long."""
-
-WORKLOADS = "database_workload.json"
-RECORDS = "database_tuning_record.json"
 
 
 def build_without_tensor_intrinsics(mod, target, _params):
@@ -94,69 +89,6 @@ def register_tensor_intrinsics(target_dict: dict) -> None:
         importlib.import_module(f"{TENSOR_INTRINSICS}.{family}")
 
 
-@contextmanager
-def _locked(directory: Path, exclusive: bool):
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def open_shared_database(directory: str | None):
-    """The shared database loaded in memory, or None when there is none yet."""
-    if directory is None:
-        return None
-    path = Path(directory)
-    with _locked(path, exclusive=False):
-        if not (path / WORKLOADS).is_file() or not (path / RECORDS).is_file():
-            return None
-        on_disk = ms.database.JSONDatabase(
-            path_workload=str(path / WORKLOADS), path_tuning_record=str(path / RECORDS), allow_missing=False
-        )
-        # A memory copy: later merges by other processes cannot change it under us.
-        memory = ms.database.MemoryDatabase()
-        _copy_records(on_disk, memory)
-        return memory
-
-
-def _copy_records(source, destination) -> int:
-    count = 0
-    for record in source.get_all_tuning_records():
-        workload = destination.commit_workload(record.workload.mod)
-        destination.commit_tuning_record(
-            ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info)
-        )
-        count += 1
-    return count
-
-
-def merge_into_shared(directory: str, run_database) -> int:
-    path = Path(directory)
-    with _locked(path, exclusive=True):
-        staging = Path(tempfile.mkdtemp(prefix=".merge-", dir=path))
-        try:
-            merged = ms.database.JSONDatabase(work_dir=str(staging))
-            if (path / WORKLOADS).is_file() and (path / RECORDS).is_file():
-                _copy_records(
-                    ms.database.JSONDatabase(
-                        path_workload=str(path / WORKLOADS),
-                        path_tuning_record=str(path / RECORDS),
-                        allow_missing=False,
-                    ),
-                    merged,
-                )
-            added = _copy_records(run_database, merged)
-            # Workloads first: records only ever point at workloads already there.
-            os.replace(staging / WORKLOADS, path / WORKLOADS)
-            os.replace(staging / RECORDS, path / RECORDS)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return added
-
-
 def without_weight_transform(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
     """``mod`` less the lifted weight transform and its kernels: they run once per model version, and a
     trial spent on them buys no request any time."""
@@ -175,9 +107,14 @@ def tune(
     database_dir: str,
     progress_path: str | None = None,
     rpc: tuple[str, str] | None = None,
+    kernel_times: dict[str, tuple[float | None, float | None]] | None = None,
+    seconds: float | None = None,
 ) -> dict:
-    """Tune every task of the fused module; merge the records into the shared database. With ``rpc``
-    (tracker ``host:port``, device key) the candidates are measured on the tracker's RPC servers."""
+    """Tune the fused module's tasks that lose most (:mod:`compiler.tuning_plan`), one at a time, each
+    merged into the shared database as it ends. With ``rpc`` (tracker ``host:port``, device key) the
+    candidates are measured on the tracker's RPC servers. ``kernel_times``: the untuned kernel's explain
+    profile (kernel -> its ms, ONNX Runtime's ms), which ranks the tasks; ``seconds``: no task starts that
+    would not end within this (the build and verification come after)."""
     # Below serving: tuning must not starve requests. SCHED_IDLE runs only on otherwise idle
     # cores (and is inherited by MetaSchedule's builder and runner processes); nice 19 where
     # the policy is not available.
@@ -187,71 +124,105 @@ def tune(
         os.nice(19)
     work_dir = tempfile.mkdtemp(prefix="jitserve-tune-")
     try:
-        return _tune(
-            mod,
-            target_dict,
-            trials=trials,
-            trials_per_task=trials_per_task,
-            work_dir=work_dir,
-            database_dir=database_dir,
-            progress_path=progress_path,
-            rpc=rpc,
-        )
+        run = TuningRun(target_dict, database_dir, work_dir, rpc, progress_path)
+        return run.tune(mod, trials, trials_per_task, kernel_times or {}, seconds)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def _tune(
-    mod,
-    target_dict: dict,
-    *,
-    trials: int,
-    trials_per_task: int,
-    work_dir: str,
-    database_dir: str,
-    progress_path: str | None,
-    rpc: tuple[str, str] | None,
-) -> dict:
-    started = time.perf_counter()
-    # MetaSchedule logs every iteration to stdout, where the CLI prints its results: warnings
-    # only, and to stderr (its per-task logs go to the work dir).
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    register_tensor_intrinsics(target_dict)
-    target = tvm.target.Target(target_dict)
-    with target:
-        fused = tvm.transform.Sequential(tuned_module_passes(target))(mod)
-    fused = without_weight_transform(fused)
-    tasks = ms.relax_integration.extract_tasks(fused, target)
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir=work_dir)
-    run_database = ms.database.JSONDatabase(work_dir=work_dir)
-    callbacks = ms.measure_callback.MeasureCallback.create("default")
-    if progress_path:
-        callbacks = [*callbacks, progress_callback(progress_path, [float(w) for w in weights])]
-    builder = ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120)
-    runner, where = make_runner(rpc)
-    seeded = record_default_schedules(tasks, target, run_database, builder, runner)
-    with contextlib.redirect_stdout(sys.stderr):
-        ms.tune_tasks(
-            tasks=contexts,
-            task_weights=weights,
-            work_dir=work_dir,
-            max_trials_global=trials,
-            max_trials_per_task=trials_per_task,
-            num_trials_per_iter=min(16, trials_per_task, trials),
-            builder=builder,
-            runner=runner,
-            database=run_database,
-            measure_callbacks=callbacks,
-        )
-    trials_run = len(run_database.get_all_tuning_records()) - seeded
-    merge_into_shared(database_dir, run_database)
-    return {
-        "tasks": len(tasks),
-        "trials": trials_run,
-        "default_schedules": seeded,
-        "tune_seconds": time.perf_counter() - started,
-        "measured_on": where,
-    }
+class TuningRun:
+    """One bucket's tuning: its tasks timed with their default schedules, ranked, tuned in that order."""
+
+    def __init__(
+        self, target_dict: dict, database_dir: str, work_dir: str, rpc: tuple[str, str] | None, progress_path
+    ) -> None:
+        # MetaSchedule logs every iteration to stdout, where the CLI prints its results: warnings
+        # only, and to stderr (its per-task logs go to the work dir).
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+        register_tensor_intrinsics(target_dict)
+        self.target = tvm.target.Target(target_dict)
+        self.database_dir = database_dir
+        self.work_dir = work_dir
+        self.builder = ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120)
+        self.runner, self.measured_on = make_runner(rpc)
+        self.progress_path = progress_path
+
+    def tune(self, mod, trials: int, trials_per_task: int, kernel_times: dict, seconds: float | None) -> dict:
+        started = time.perf_counter()
+        with self.target:
+            fused = tvm.transform.Sequential(tuned_module_passes(self.target))(mod)
+        tasks = ms.relax_integration.extract_tasks(without_weight_transform(fused), self.target)
+        costs, timed = self._costs(tasks, kernel_times)
+        plan = plan_tuning(costs, trials, trials_per_task)
+        progress = Progress(self.progress_path, {cost.name: (cost.calls, cost.seconds) for cost in costs})
+        progress.write()
+        by_name = {task.task_name: task for task in tasks}
+        tuned: dict[str, int] = {}
+        for step in (step for step in plan if step.trials):
+            given = step.trials
+            if seconds is not None and tuned:  # as many as the time left holds at the pace so far
+                elapsed = time.perf_counter() - started
+                given = min(given, int((seconds - elapsed) / (elapsed / sum(tuned.values()))))
+                if given < 1:
+                    break
+            tuned[step.task.name] = self._tune_task(by_name[step.task.name], given, progress)
+        return {
+            "tasks": len(tasks),
+            "trials": sum(tuned.values()),
+            "default_schedules": timed,
+            "tune_seconds": time.perf_counter() - started,
+            "measured_on": self.measured_on,
+            "plan": [step.as_dict() | {"trials": tuned.get(step.task.name, 0)} for step in plan],
+        }
+
+    def _costs(self, tasks, kernel_times: dict) -> tuple[list[TaskCost], int]:
+        """Each task's cost, and how many default schedules were timed for it. A task the shared database
+        holds records for is timed by its fastest; the others with their default schedules, recorded so
+        that a tuned kernel is never slower than the untuned one, task by task."""
+        shared = open_shared_database(self.database_dir)
+        known = [records_of(shared, task.dispatched[0], self.target) for task in tasks]
+        untimed = [task for task, records in zip(tasks, known, strict=True) if not records]
+        defaults = self._database("defaults")
+        measured = record_default_schedules(untimed, self.target, defaults, self.builder, self.runner)
+        merge_into_shared(self.database_dir, defaults)
+        timed = dict(zip((task.task_name for task in untimed), measured, strict=True))
+        costs = []
+        for task, records in zip(tasks, known, strict=True):
+            profiled_ms, ort_ms = kernel_times.get(task.task_name, (None, None))
+            seconds = _mean(records[0].run_secs) if records else timed[task.task_name]
+            costs.append(TaskCost(task.task_name, int(task.weight), seconds or 0.0, profiled_ms, ort_ms, len(records)))
+        return costs, sum(1 for value in measured if value is not None)
+
+    def _database(self, name: str):
+        directory = os.path.join(self.work_dir, name)
+        os.makedirs(directory)
+        return ms.database.JSONDatabase(work_dir=directory)
+
+    def _tune_task(self, task, trials: int, progress: Progress) -> int:
+        """Tune one task for ``trials``, merge its records into the shared database; returns the trials run."""
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir=self.work_dir)
+        database = self._database(f"task-{progress.tasks_tuned}")
+        callbacks = [*ms.measure_callback.MeasureCallback.create("default"), progress.callback(task.task_name)]
+        with contextlib.redirect_stdout(sys.stderr):
+            ms.tune_tasks(
+                tasks=contexts,
+                task_weights=weights,
+                work_dir=self.work_dir,
+                max_trials_global=trials,
+                max_trials_per_task=trials,
+                num_trials_per_iter=min(16, trials),
+                builder=self.builder,
+                runner=self.runner,
+                database=database,
+                measure_callbacks=callbacks,
+            )
+        progress.tasks_tuned += 1
+        merge_into_shared(self.database_dir, database)
+        return len(database.get_all_tuning_records())
+
+
+def _mean(run_secs) -> float:
+    return sum(float(s) for s in run_secs) / len(run_secs)
 
 
 def make_runner(rpc: tuple[str, str] | None):
@@ -275,64 +246,76 @@ def make_runner(rpc: tuple[str, str] | None):
     return ms.runner.RPCRunner(rpc_config=config, max_workers=servers), f"rpc {tracker} {key} x{servers}"
 
 
-def record_default_schedules(tasks, target, database, builder, runner) -> int:
-    """Time each task's default schedule with the tuning runner and record it.
+def record_default_schedules(tasks, target, database, builder, runner) -> list[float | None]:
+    """Time each task's default schedule with the tuning runner and record it; returns each task's
+    seconds (None where no default rule took it or it did not build or run).
 
     The compile applies a task's best record: with the default schedule among
     them, a tuned kernel is never slower than the untuned one, task by task
     (with a few hundred trials over 50+ tasks, MetaSchedule's picks were often
-    slower than the default rules). Returns how many were recorded.
+    slower than the default rules).
     """
+    seconds: list[float | None] = [None] * len(tasks)
     if target.kind.name != "llvm":  # the default rules are CPU rules
-        return 0
+        return seconds
     candidates = []
-    for task in tasks:
+    for index, task in enumerate(tasks):
         mod = task.dispatched[0]
         func = mod["main"]
         for rule in default_cpu_rules():
             sch = rule.apply(func, target, False)
             if sch is not None:
-                candidates.append((mod, sch, ms.arg_info.ArgInfo.from_prim_func(func)))
+                candidates.append((index, mod, sch, ms.arg_info.ArgInfo.from_prim_func(func)))
                 break
     if not candidates:
-        return 0
-    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, sch, _ in candidates])
+        return seconds
+    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, _, sch, _ in candidates])
     measurable = [(c, b) for c, b in zip(candidates, built, strict=True) if b.error_msg is None]
-    futures = runner.run([ms.runner.RunnerInput(b.artifact_path, "cpu", args) for (_, _, args), b in measurable])
-    recorded = 0
-    for ((mod, sch, args), _), future in zip(measurable, futures, strict=True):
+    futures = runner.run([ms.runner.RunnerInput(b.artifact_path, "cpu", args) for (*_, args), b in measurable])
+    for ((index, mod, sch, args), _), future in zip(measurable, futures, strict=True):
         result = future.result()
         if result.error_msg is None and result.run_secs:
             workload = database.commit_workload(mod)
             database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, result.run_secs, target, args))
-            recorded += 1
-    return recorded
+            seconds[index] = _mean(result.run_secs)
+    return seconds
 
 
-def progress_callback(path: str, weights: list[float]):
-    """A measure callback writing ``{"trials", "best_ms"}`` to ``path`` after every batch of trials.
+class Progress:
+    """``{"trials", "best_ms"}`` written to a file after every batch of trials (the server shows it live).
 
-    ``best_ms`` estimates the tuned kernel from the tasks measured so far: the
-    sum over tasks of their fastest candidate, times how often the model
-    calls each.
-    """
+    ``best_ms`` estimates the tuned kernel: the sum over tasks of their fastest
+    schedule measured so far (their default one to begin with), times how
+    often the model calls each."""
 
-    @derived_object
-    class Progress(ms.measure_callback.PyMeasureCallback):
-        def __init__(self) -> None:
-            self.trials = 0
-            self.best: dict[int, float] = {}
+    def __init__(self, path: str | None, tasks: dict[str, tuple[int, float]]) -> None:
+        self.path = path
+        self.calls = {name: calls for name, (calls, _) in tasks.items()}
+        self.best = {name: seconds for name, (_, seconds) in tasks.items() if seconds}
+        self.trials = 0
+        self.tasks_tuned = 0
 
-        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-            for result in runner_results:
-                self.trials += 1
-                if result.error_msg is None and result.run_secs:
-                    seconds = sum(float(s) for s in result.run_secs) / len(result.run_secs)
-                    self.best[task_id] = min(seconds, self.best.get(task_id, seconds))
-            best_ms = sum(weights[i] * s for i, s in self.best.items()) * 1000 if self.best else None
-            temporary = f"{path}.{os.getpid()}.tmp"
-            with open(temporary, "w") as handle:
-                json.dump({"trials": self.trials, "best_ms": best_ms}, handle)
-            os.replace(temporary, path)
+    def write(self) -> None:
+        if not self.path:
+            return
+        best_ms = sum(self.calls[name] * s for name, s in self.best.items()) * 1000 if self.best else None
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as handle:
+            json.dump({"trials": self.trials, "best_ms": best_ms}, handle)
+        os.replace(temporary, self.path)
 
-    return Progress()
+    def callback(self, task_name: str):
+        """A measure callback counting one task's trials into this progress."""
+        progress = self
+
+        @derived_object
+        class Measured(ms.measure_callback.PyMeasureCallback):
+            def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+                for result in runner_results:
+                    progress.trials += 1
+                    if result.error_msg is None and result.run_secs:
+                        seconds = _mean(result.run_secs)
+                        progress.best[task_name] = min(seconds, progress.best.get(task_name, seconds))
+                progress.write()
+
+        return Measured()

@@ -16,6 +16,7 @@ from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeEr
 from compiler.options import CompileOptions
 from compiler.store import COMPILER_VERSION
 from compiler.target import canonical_target, target_kind
+from compiler.tuning_plan import kernel_times
 
 from ..settings import Settings
 from .kernel_cache import Kernels
@@ -54,12 +55,14 @@ class BucketBuilder:
         router: Router,
         *,
         compile_function: CompileFunction = compile_bucket,
+        tuning_profile: Callable[[ServedModel, ServedBucket], dict | None] = lambda *_: None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.kernels = kernels
         self.router = router
         self._compile = compile_function
+        self._tuning_profile = tuning_profile
 
     def _build(self, served: ServedModel, bucket: ServedBucket, options: CompileOptions, **extra) -> TierBuild:
         """Compile (or find) the tier, record its compile metrics, and check that it verified."""
@@ -156,11 +159,12 @@ class BucketBuilder:
             }
         )
         bucket.set_tuning(TuningStatus(state=TuningState.TUNING, trials=0, seconds=0.0))
+        ranking = kernel_times(self._tuning_profile(served, bucket))  # the kernels that lose most go first
         progress_path = self.kernels.artifacts.staging_area.entry("progress", ".json")
         watch = TuningWatch(progress_path, bucket, self.metrics, model=served.name)
         watch.start()
         try:
-            built = self._build(served, bucket, options, progress_path=str(watch.path))
+            built = self._build(served, bucket, options, progress_path=str(watch.path), kernel_times=ranking)
         finally:
             live = watch.stop()
         outcome = built.outcome

@@ -4,22 +4,23 @@ traces, and a profile made on demand in a child process (one at a time, bounded 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from pathlib import Path
 
-from compiler.build import model_source
-from compiler.errors import BadRequestError, ConflictError, NotFoundError
-from compiler.explain_profile import TRACE_DIR, ProfileJob, profile_stored
+from compiler.build import profile_kernel
+from compiler.errors import BadRequestError, ConflictError, JitServeError, NotFoundError
+from compiler.explain_profile import TRACE_DIR
 from compiler.explain_report import REPORT_FILE, read_bundle, render_html
 from compiler.store import EXPLAIN_DIR, ArtifactStore
-from compiler.target import target_kind
-from compiler.worker import run_in_child
 
 from .registry import ServedModel
 from .state import ServedBucket
 
 ENGINES = ("tvm", "onnxruntime")
+
+log = logging.getLogger("jitserve")
 
 
 def _server_links(report: dict):
@@ -136,36 +137,30 @@ class Explanations:
 
     def profile(self, served: ServedModel, label: str, *, runs: int = 10) -> dict:
         """Time the bucket's kernel and ONNX Runtime's nodes in a child; one profile at a time."""
-        bucket, directory = self._directory(served, label)
+        bucket, _ = self._directory(served, label)
         manifest = self.artifacts.get(self._key(bucket))
         if manifest is None:
             raise NotFoundError(f"the kernel of bucket {label!r} is no longer stored")
-        signature = served.model.signature
         shapes = {name: [d if isinstance(d, int) else _largest(bucket, name, d) for d in dims]
                   for name, dims in manifest.bucket.items()}  # fmt: skip
-        job = ProfileJob(
-            model_source=model_source(served.model),
-            library=str(self.artifacts.library_path(manifest.key)),
-            weights_dir=str(self.artifacts.prepared_path(served.model.digest)),
-            weight_names=list(manifest.weights),
-            input_names=signature.input_names,
-            output_names=signature.output_names,
-            shapes=shapes,
-            dtypes=served.dtypes,
-            index_limits=served.model.index_bounds.limits,
-            explain_dir=str(directory),
-            runs=runs,
-            threads=self.threads,
-            device=target_kind(manifest.target),
-        )
         if not self._profiling.acquire(blocking=False):
             raise ConflictError("a profile is running: one at a time, try again when it ends")
         try:
-            return run_in_child(
-                profile_stored, job, timeout=self.profile_seconds, what="profile", **served.options.child_limits()
-            )
+            return profile_kernel(served.model, manifest, self.artifacts, shapes, served.options, runs=runs,
+                                  threads=self.threads, timeout=self.profile_seconds)  # fmt: skip
         finally:
             self._profiling.release()
+
+    def tuning_profile(self, served: ServedModel, bucket: ServedBucket) -> dict | None:
+        """The profile that ranks a bucket's tuning tasks: its bundle's, or one made now; None where the
+        bucket has no bundle or a profile cannot be made (its tasks are then ranked by their time alone)."""
+        try:
+            _, directory = self._directory(served, bucket.label)
+            _, profile = read_bundle(directory)
+            return profile or self.profile(served, bucket.label)
+        except JitServeError as exc:
+            log.info("tuning %s %s without a profile: %s", served.name, bucket.label, exc)
+            return None
 
 
 def _axis_text(facts: dict) -> str:

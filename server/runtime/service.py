@@ -81,7 +81,14 @@ class ModelService:
         self.explanations = Explanations(self.artifacts, settings.explain_profile_seconds, kernel_threads or None)
         self.router = Router(settings, metrics, self.models_store, self.artifacts)
         self.shadow = ShadowChecks(settings, metrics, self.router)
-        self.builder = BucketBuilder(settings, metrics, self.kernels, self.router, compile_function=compile_function)
+        self.builder = BucketBuilder(
+            settings,
+            metrics,
+            self.kernels,
+            self.router,
+            compile_function=compile_function,
+            tuning_profile=self.explanations.tuning_profile,
+        )
         self.scheduler = CompileScheduler(
             settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
         )

@@ -30,7 +30,7 @@ APPLY_IN_FRESH_PROCESS = textwrap.dedent(
     from tvm import relax
     from compiler.demo import demo_model_bytes
     from compiler.tvm.pipeline import tuned_module_passes
-    from compiler.tvm.tuning import open_shared_database
+    from compiler.tvm.tuning_database import open_shared_database
     from compiler.tvm.build import import_relax, specialize
 
     database_dir, target = sys.argv[1], json.loads(sys.argv[2])

@@ -42,7 +42,16 @@ class FakeCompiler:
         self.started = threading.Event()
 
     def __call__(
-        self, model, bucket, target, store: ArtifactStore, options, *, progress_path=None, verify_sizes=None
+        self,
+        model,
+        bucket,
+        target,
+        store: ArtifactStore,
+        options,
+        *,
+        progress_path=None,
+        verify_sizes=None,
+        kernel_times=None,
     ) -> CompileOutcome:
         key = bucket_key(model.graph_digest, bucket, target=target, options=options, verify_sizes=verify_sizes)
         existing = store.get(key)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from compiler.tvm.tuning import open_shared_database
+from compiler.tvm.tuning_database import open_shared_database
 
 WRITERS, ROUNDS = 4, 8
 
@@ -17,7 +17,7 @@ def merge_records(database_dir: str, writer: int) -> None:
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
 
-    from compiler.tvm.tuning import merge_into_shared
+    from compiler.tvm.tuning_database import merge_into_shared
 
     def matmul(n: int):
         a, b = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
