@@ -182,6 +182,7 @@ class BucketBuilder:
             seconds=round(facts.get("tune_seconds", built.seconds), 1),
             reason=built.failure,
             measured_on=facts.get("measured_on"),
+            plan=facts.get("plan"),
         )
         if built.failure:
             bucket.set_tuning(status)

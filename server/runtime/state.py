@@ -83,6 +83,9 @@ class TuningStatus(BaseModel):
     reason: str | None = None
     measured_on: str | None = None
     """Where the candidates ran: ``local``, or ``rpc <tracker> <key> x<servers>``."""
+    plan: list[dict] | None = None
+    """Its kernels, those that lose most to ONNX Runtime first: each one's share of the run, its ratio
+    against ONNX Runtime on the same nodes, the trials it got, and why none where it got none."""
 
     @model_serializer(mode="wrap")
     def _only_known(self, handler) -> dict:

@@ -9,13 +9,14 @@ import textwrap
 
 import pytest
 
-from compiler.build import compile_bucket
+from compiler.build import compile_bucket, profile_kernel
 from compiler.demo import demo_model_bytes
 from compiler.errors import CompileError
 from compiler.model import load_model
 from compiler.options import CompileOptions
 from compiler.store import ArtifactStore
 from compiler.target import resolve_target
+from compiler.tuning_plan import kernel_times
 from compiler.tvm.tuning import intrinsic_families
 from tests.rpcfleet import RpcFleet
 
@@ -58,15 +59,23 @@ def test_tuning_round_trip_through_the_shared_database(tmp_path):
     model = load_model(demo_model_bytes(), max_bytes=1 << 20)
     target = resolve_target("llvm")
     tuned = CompileOptions(tune_trials=4, tune_trials_per_task=2, database_dir=str(database_dir))
-
-    outcome = compile_bucket(model, {"x": (8, 4)}, target, store, tuned)
-    assert outcome.manifest.verified is True, outcome.manifest.verification
-    assert outcome.manifest.tuning["trials"] >= 1
-    assert outcome.manifest.tuning["tasks"] >= 2
-    # Every task's default schedule was timed and recorded next to the trials.
-    assert outcome.manifest.tuning["default_schedules"] == outcome.manifest.tuning["tasks"]
     plain = compile_bucket(model, {"x": (8, 4)}, target, store, CompileOptions(database_dir=str(database_dir)))
+    ranking = kernel_times(profile_kernel(model, plain.manifest, store, {"x": [8, 4]}, CompileOptions()))
+
+    outcome = compile_bucket(model, {"x": (8, 4)}, target, store, tuned, kernel_times=ranking)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    tuning = outcome.manifest.tuning
+    assert tuning["trials"] >= 1
+    assert tuning["tasks"] >= 2
+    # Every task's default schedule was timed and recorded next to the trials.
+    assert tuning["default_schedules"] == tuning["tasks"]
     assert plain.manifest.key != outcome.manifest.key  # tuned kernels are their own tier
+    # Its tasks are the profiled kernels, by name, ranked by what they lose to ONNX Runtime.
+    plan = tuning["plan"]
+    assert {row["kernel"] for row in plan} <= set(ranking)
+    assert any(row["ratio_vs_ort"] for row in plan), (plan, ranking)
+    assert [row["priority"] for row in plan] == sorted((row["priority"] for row in plan), reverse=True)
+    assert sum(row["trials"] for row in plan) == tuning["trials"]
 
     def fresh_process() -> dict:
         run = subprocess.run(
@@ -87,6 +96,15 @@ def test_tuning_round_trip_through_the_shared_database(tmp_path):
     assert second["records"] > first["records"]
     assert set(first["scheduled"]) <= set(second["scheduled"])
     assert not list(database_dir.glob(".merge-*"))
+
+    # The same workloads under another budget (another kernel key): none is timed or tuned twice.
+    again = compile_bucket(model, {"x": (8, 4)}, target, store, tuned.model_copy(update={"tune_trials": 6}))
+    assert again.manifest.verified is True
+    assert again.manifest.tuning["default_schedules"] == 0
+    tuned_before = {row["kernel"] for row in plan if row["trials"]}
+    skipped = {row["kernel"]: row for row in again.manifest.tuning["plan"] if row["kernel"] in tuned_before}
+    assert {row["reason"] for row in skipped.values()} == {"tuned before (shared database)"}
+    assert {row["trials"] for row in skipped.values()} == {0}
 
 
 def test_tuning_over_rpc_measures_on_the_fleet_and_every_replica_compiles_the_same_kernel_from_its_records(

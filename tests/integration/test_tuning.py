@@ -59,6 +59,11 @@ def test_tuned_kernel_hot_swaps_under_load_and_survives_restart(tmp_path):
             assert tuned["tuning"]["state"] == "done", tuned
             assert tuned["tuning"]["trials"] >= 1
             assert tuned["tuning"]["best_ms"] > 0  # reported live by the tuning child's measure callback
+            # The server profiled the untuned kernel: its kernels are ranked by what they lose to ONNX Runtime.
+            plan = tuned["tuning"]["plan"]
+            assert [row["priority"] for row in plan] == sorted((row["priority"] for row in plan), reverse=True)
+            assert any(row["ratio_vs_ort"] for row in plan), plan
+            assert sum(row["trials"] for row in plan) == tuned["tuning"]["trials"]
             latency = tuned["latency_ms"]
             assert set(latency) == {"onnxruntime", "tvm", "tvm-tuned"}
             assert tuned["engine"] == "tvm-tuned"
