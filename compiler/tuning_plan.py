@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+CONFIRM_MARGIN = 0.03
+"""A tuned candidate must be this much faster than the schedule it replaces, re-timed side by side."""
 MIN_SHARE = 0.005
 """A task under this share of the run is never tuned: even a kernel twice as fast would not show."""
 
@@ -102,3 +104,15 @@ def kernel_times(profile: dict | None) -> dict[str, tuple[float | None, float | 
     if not profile:
         return {}
     return {row["kernel"]: (row.get("tvm_ms"), row.get("ort_ms")) for row in profile.get("kernels", [])}
+
+
+def confirmed_winner(incumbent: float | None, candidates: dict[int, float]) -> int | None:
+    """Of tuned candidates re-timed side by side with the schedule a compile applies now (``incumbent``
+    seconds; None where there is none), the one to replace it: the fastest, where it beats the incumbent
+    by ``CONFIRM_MARGIN``; None where none does."""
+    if not candidates:
+        return None
+    fastest = min(candidates, key=candidates.get)
+    if incumbent is not None and candidates[fastest] > incumbent * (1 - CONFIRM_MARGIN):
+        return None
+    return fastest

@@ -10,16 +10,21 @@ tuned is found tuned by every other that shares it.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+TRIALS = "trials.json"
+"""Trials spent on each workload (by structural hash), whatever came of them: a workload tuned before is
+not tuned again, while the database keeps only the candidates confirmed faster."""
 
 
 @contextmanager
@@ -61,9 +66,31 @@ def _copy_records(source, destination) -> int:
     return count
 
 
-def merge_into_shared(directory: str, run_database) -> int:
+def workload_key(mod) -> str:
+    return str(tvm_ffi.structural_hash(mod))
+
+
+def read_trials(directory: str | None) -> dict[str, int]:
+    """Trials spent so far on each workload (:func:`workload_key`)."""
+    if directory is None:
+        return {}
+    path = Path(directory)
+    with _locked(path, exclusive=False):
+        return json.loads((path / TRIALS).read_text()) if (path / TRIALS).is_file() else {}
+
+
+def merge_into_shared(directory: str, run_database, trials: dict[str, int] | None = None) -> int:
+    """Copy ``run_database``'s records into the shared database, and add ``trials`` (workload key -> trials
+    spent) to its ledger; each file is replaced in one rename."""
     path = Path(directory)
     with _locked(path, exclusive=True):
+        if trials:
+            ledger = json.loads((path / TRIALS).read_text()) if (path / TRIALS).is_file() else {}
+            for key, count in trials.items():
+                ledger[key] = ledger.get(key, 0) + count
+            staged = path / f".{TRIALS}.{os.getpid()}.tmp"
+            staged.write_text(json.dumps(ledger))
+            os.replace(staged, path / TRIALS)
         staging = Path(tempfile.mkdtemp(prefix=".merge-", dir=path))
         try:
             merged = ms.database.JSONDatabase(work_dir=str(staging))

@@ -132,7 +132,8 @@ def test_tuning_over_rpc_measures_on_the_fleet_and_every_replica_compiles_the_sa
     assert manifest.tuning["trials"] >= 1
     print(f"\ncandidates measured per RPC server: {measured}")
     assert min(measured) >= 1  # both servers measured candidates
-    assert sum(measured) == manifest.tuning["trials"] + manifest.tuning["default_schedules"]
+    tuning = manifest.tuning
+    assert sum(measured) == tuning["trials"] + tuning["default_schedules"] + tuning["confirmations"]
 
     replica = compile_bucket(
         model,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler.tuning_plan import TaskCost, kernel_times, plan_tuning
+from compiler.tuning_plan import TaskCost, confirmed_winner, kernel_times, plan_tuning
 
 
 def _trials(planned) -> dict[str, int]:
@@ -61,3 +61,12 @@ def test_an_explain_profiles_kernel_rows_become_the_ranking_input():
     profile = {"kernels": [{"kernel": "fused_matmul_add", "tvm_ms": 5.0, "ort_ms": 4.0}, {"kernel": "reshape"}]}
     assert kernel_times(profile) == {"fused_matmul_add": (5.0, 4.0), "reshape": (None, None)}
     assert kernel_times(None) == {}
+
+
+def test_a_tuned_candidate_replaces_a_schedule_only_when_it_beats_it_side_by_side_by_the_margin():
+    # Re-timed against the default schedule's 5.0 ms: 4.9 is within noise, 4.5 is a win, the fastest wins.
+    assert confirmed_winner(0.0050, {1: 0.0049, 2: 0.0052}) is None
+    assert confirmed_winner(0.0050, {1: 0.0049, 2: 0.0045, 3: 0.0047}) == 2
+    # Nothing to replace yet (no default schedule on this target): the fastest candidate.
+    assert confirmed_winner(None, {1: 0.0049, 2: 0.0052}) == 1
+    assert confirmed_winner(0.0050, {}) is None
