@@ -308,11 +308,9 @@ CONFIRM_ROUNDS = 2
 def cold_weights_evaluator(runs: int = COLD_RUNS):
     """Each candidate timed run by run with every argument but the first (its input) flushed from the CPU
     caches first, as a kernel meets its weights in a served model: the kernels before it evicted them.
-
     MetaSchedule's default times a candidate over and over on the same arguments for 100 ms, all of them in
-    cache. Timed so, BERT-base's two FFN GEMMs (1x128, 9.4 MB of weights each) came out 2% and 15% faster
-    than the default schedules after 400 trials, and ran 43% and 12% slower in the model (AMD EPYC Zen 3,
-    AVX2, 2 cores): the model was 1.27x ONNX Runtime tuned against 1.02x untuned."""
+    cache. (Timing cold alone did not make the fastest candidate's record trustworthy: see
+    ``TuningRun._confirm_faster``.)"""
     return ms.runner.EvaluatorConfig(number=1, repeat=runs, min_repeat_ms=0, enable_cpu_cache_flush=True)
 
 
