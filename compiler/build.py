@@ -23,9 +23,9 @@ from .weights import load_weights
 from .worker import run_in_child
 
 LEASE_WAIT_FACTOR = 2.0
+"""Another process building the same kernel is waited for up to this many times the compile timeout."""
 TUNING_SHARE = 0.75
 """Of a tuning compile's time limit, what tuning may take: the build and verification need the rest."""
-"""Another process building the same kernel is waited for up to this many times the compile timeout."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def compile_bucket(
 
     ``builder`` runs in the child; tests pass one that crashes on purpose.
     A tuning compile writes its progress to ``progress_path`` as it goes, and tunes first the kernels
-    that lose most in ``kernel_times`` (the untuned kernel's explain profile, :func:`tuning_profile`).
+    that lose most in ``kernel_times`` (the untuned kernel's explain profile, :func:`profile_kernel`).
     A dim given as a name (``{"x": (1, 3, 48, "W")}``) stays symbolic: the
     dynamic-shape tier, one kernel for every size of it, verified at each of
     ``verify_sizes[name]``.
