@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -96,11 +97,13 @@ TRANSFORM_PARAMS = "main_transform_params"
 
 class TransformedWeights:
     """What kernels' lifted transforms computed from one model version's weights, once per distinct transform
-    (the manifest's ``weight_transform`` digest): every bucket whose transform is the same shares one copy."""
+    (the manifest's ``weight_transform`` digest): every bucket whose transform is the same shares one copy.
+    ``computed`` hears of each computation (its input weights, its results) as it ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, computed: Callable[[list, list], None] | None = None) -> None:
         self._by_digest: dict[str, list] = {}
         self._lock = threading.Lock()
+        self._computed = computed
         self.nbytes = 0
 
     def get(self, digest: str, compute, weights: list) -> list:
@@ -112,6 +115,8 @@ class TransformedWeights:
                 found = self._by_digest[digest] = compute()
                 passed = {weight.data_ptr() for weight in weights}
                 self.nbytes += sum(tensor_bytes(tensor) for tensor in found if tensor.data_ptr() not in passed)
+                if self._computed is not None:
+                    self._computed(weights, found)
             return found
 
 
@@ -156,7 +161,10 @@ class TvmEngine:
         # (and what was computed from them) only while some kernel holds them.
         self._prepared = weights
         if self._vm.module.implements_function(TRANSFORM_PARAMS):
-            transform = self._vm[TRANSFORM_PARAMS]
+            # Run by a VM of its own with the plain allocator: the pooled one keeps all it ever allocated for
+            # later calls, so the transformed weights outlived their model version (a 108 MiB encoder's
+            # panels stayed resident after its delete).
+            transform = relax.VirtualMachine(self._module, self._device, memory_cfg="naive")[TRANSFORM_PARAMS]
 
             def compute() -> list:
                 return list(transform(weights))

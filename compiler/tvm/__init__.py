@@ -30,5 +30,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # rather than across the batch where the map has 4 columns; 29: a grouped stride-1 conv's blocks of a group share a
 # register tile; 30: chained polynomial math kept in stages rather than copied at every load; 31: a
 # squeeze-excitation gate computed once per channel, its broadcast multiply a parallel stage; 32: an
-# unblocked model's matmul whose columns fill no whole vectors reads its weight from panels).
-COMPILER_VERSION = "32"
+# unblocked model's matmul whose columns fill no whole vectors reads its weight from panels; 33: every
+# matmul by a static weight reads it from panels, an unblocked model's too).
+COMPILER_VERSION = "33"

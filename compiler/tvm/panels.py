@@ -22,8 +22,6 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te
 
-from .schedules.base import whole_vector_tile
-
 
 def _static(expr) -> list[int] | None:
     shape = getattr(getattr(expr, "ty", None), "shape", None)
@@ -66,11 +64,10 @@ def _panel_matmul(x: te.Tensor, panels: te.Tensor, columns: int) -> te.Tensor:
 
 @relax.expr_functor.mutator
 class _PanelMatmuls(relax.PyExprMutator):
-    def __init__(self, mod: tvm.ir.IRModule, weights: set, width: int, ragged_only: bool) -> None:
+    def __init__(self, mod: tvm.ir.IRModule, weights: set, width: int) -> None:
         super().__init__(mod)
         self.weights = weights
         self.width = width
-        self.ragged_only = ragged_only
         self.packed = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -86,7 +83,7 @@ class _PanelMatmuls(relax.PyExprMutator):
             return call
         depth, columns = weight
         count = -(-columns // self.width)
-        if count == 1 or (self.ragged_only and whole_vector_tile(columns, self.width // 2) is not None):
+        if count == 1:
             return call
         self.packed += 1
         weight = call.args[1]
@@ -97,14 +94,13 @@ class _PanelMatmuls(relax.PyExprMutator):
                                      primfunc_name_hint="matmul")  # fmt: skip
 
 
-def panel_matmuls(mod: tvm.ir.IRModule, lanes: int, ragged_only: bool = False) -> tuple[tvm.ir.IRModule, int]:
+def panel_matmuls(mod: tvm.ir.IRModule, lanes: int) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every float32 matmul by a static 2-D weight reading it from column panels of two
-    vectors (``lanes`` floats each), or (``ragged_only``) only those whose columns are no whole number of
-    vectors; and how many it packed."""
+    vectors (``lanes`` floats each), and how many it packed."""
     names = [g_var.name_hint for g_var in mod.get_global_vars()]
     if "main" not in names:
         return mod, 0
-    mutator = _PanelMatmuls(mod, weight_vars(mod["main"]), 2 * lanes, ragged_only)
+    mutator = _PanelMatmuls(mod, weight_vars(mod["main"]), 2 * lanes)
     g_var = mod.get_global_var("main")
     mutator.builder_.update_func(g_var, mutator.visit_expr(mod["main"]))
     return mutator.builder_.get(), mutator.packed

@@ -13,11 +13,14 @@ An evicted kernel stays in the artifact store: needing it again is a reload
 
 from __future__ import annotations
 
+import mmap
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
+
+import numpy as np
 
 from compiler.engines import Engine, TransformedWeights, TvmEngine, device_weights
 from compiler.errors import CompileError
@@ -124,20 +127,66 @@ class LoadedWeights:
 
     def __init__(self, directory: Path, device: str) -> None:
         arrays = load_weights(directory)
-        self.mapped_bytes = sum(array.nbytes for array in arrays.values())
         self.tensors = dict(zip(arrays, device_weights(list(arrays.values()), device), strict=True))
-        self.transformed = TransformedWeights()  # blocked conv weights and the like, once per distinct transform
+        self.pages = MappedPages(arrays, self.tensors)
+        # Blocked conv weights, matmul panels and the like, once per distinct transform.
+        self.transformed = TransformedWeights(computed=self.pages.give_back_consumed if device != "cuda" else None)
 
     @property
     def nbytes(self) -> int:
-        return self.mapped_bytes + self.transformed.nbytes
+        return self.pages.nbytes + self.transformed.nbytes
 
     def for_kernel(self, manifest: Manifest) -> KernelWeights:
         """The weights a kernel takes, in its order; a kernel naming another set is refused."""
         missing = [name for name in manifest.weights if name not in self.tensors]
         if missing:
             raise CompileError(f"kernel {manifest.key[:16]} takes weights this model version lacks: {missing[:3]}")
+        if manifest.weight_transform is None:
+            self.pages.reading_as_is(manifest.weights)
         return KernelWeights([self.tensors[name] for name in manifest.weights], self, manifest.weight_transform)
+
+
+class MappedPages:
+    """Which of a version's mapped weights are resident. A weight a lifted transform consumed (a matmul's,
+    now read from the panels computed from it) is read by no kernel afterwards unless one takes it as it
+    is: its pages are given back as the transform ends, so that the panels are no second copy of it in
+    memory. Mapped copy-on-write and never written, it reads the same from the file if needed again.
+    (Apart from :class:`LoadedWeights`: the transform's callback must not hold the weights alive.)"""
+
+    def __init__(self, arrays: dict[str, np.ndarray], tensors: dict) -> None:
+        self._arrays = arrays
+        self._names = {tensor.data_ptr(): name for name, tensor in tensors.items()}
+        self._read_as_is: set[str] = set()  # by some kernel's main, untransformed
+        self._given_back: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(array.nbytes for name, array in self._arrays.items() if name not in self._given_back)
+
+    def reading_as_is(self, names) -> None:
+        with self._lock:
+            self._read_as_is.update(names)
+            self._given_back.difference_update(names)
+
+    def give_back_consumed(self, weights: list, results: list) -> None:
+        passed = {tensor.data_ptr() for tensor in results}
+        ours = [(self._names[t.data_ptr()], t.data_ptr() in passed) for t in weights if t.data_ptr() in self._names]
+        self.reading_as_is(name for name, as_is in ours if as_is)
+        with self._lock:
+            for name, as_is in ours:
+                if not as_is and name not in self._read_as_is and release_pages(self._arrays[name]):
+                    self._given_back.add(name)
+
+
+def release_pages(array: np.ndarray) -> bool:
+    """Drop a mapped array's resident pages (the next read faults them in from the file again)."""
+    mapping = getattr(array, "_mmap", None)
+    if mapping is None or not hasattr(mapping, "madvise"):
+        return False
+    mapping.madvise(mmap.MADV_DONTNEED)
+    return True
 
 
 class KernelWeights(list):
