@@ -69,6 +69,7 @@ class _PanelMatmuls(relax.PyExprMutator):
         self.weights = weights
         self.width = width
         self.packed = 0
+        self._panels: list[tuple[relax.Expr, relax.Var]] = []  # (weight, its panels): one copy per weight
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -81,17 +82,28 @@ class _PanelMatmuls(relax.PyExprMutator):
             return call
         if call.args[0].ty.dtype != "float32" or call.args[1].ty.dtype != "float32":
             return call
-        depth, columns = weight
+        columns = weight[1]
         count = -(-columns // self.width)
         if count == 1:
             return call
         self.packed += 1
-        weight = call.args[1]
-        if count * self.width != columns:  # the last panel's columns past N are zeros, never copied out
-            weight = relax.op.nn.pad(weight, [0, 0, 0, count * self.width - columns])
-        panels = relax.op.permute_dims(relax.op.reshape(weight, [depth, count, self.width]), [1, 0, 2])
-        return self.builder_.call_te(_panel_matmul, call.args[0], self.builder_.emit(panels), columns,
+        return self.builder_.call_te(_panel_matmul, call.args[0], self._packed(call.args[1], count), columns,
                                      primfunc_name_hint="matmul")  # fmt: skip
+
+    def _packed(self, weight: relax.Expr, count: int) -> relax.Var:
+        """``weight``'s panels, emitted once however many matmuls read it (a tied or shared weight)."""
+        found = next((panels for known, panels in self._panels if known.same_as(weight)), None)
+        if found is not None:
+            return found
+        depth, columns = _static(weight)
+        padded = weight
+        if count * self.width != columns:  # the last panel's columns past N are zeros, never copied out
+            padded = relax.op.nn.pad(weight, [0, 0, 0, count * self.width - columns])
+        panels = self.builder_.emit(
+            relax.op.permute_dims(relax.op.reshape(padded, [depth, count, self.width]), [1, 0, 2])
+        )
+        self._panels.append((weight, panels))
+        return panels
 
 
 def panel_matmuls(mod: tvm.ir.IRModule, lanes: int) -> tuple[tvm.ir.IRModule, int]:

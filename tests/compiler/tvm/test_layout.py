@@ -280,3 +280,29 @@ def test_a_layout_transform_fuses_with_the_transpose_after_it(tmp_path):
     kernels = list(manifest.schedules)
     assert not [name for name in kernels if name.startswith("te_layout_transform")], kernels  # TVM's own
     assert [name for name in kernels if "layout_transform" in name and "transpose" in name], kernels
+
+
+def test_a_weight_read_by_two_matmuls_is_packed_once(tmp_path):
+    """A tied weight (one initializer read by two matmuls, as shared projections are) gets one set of
+    panels, which both products read: the server's pool holds one copy of it."""
+    from compiler.tvm.schedules.base import vector_lanes
+    from server.runtime.kernel_cache import WeightPool, open_tvm_engine
+
+    width = 2 * vector_lanes(tvm.target.Target(TARGET), "float32")
+    shared = (np.random.default_rng(9).standard_normal((64, 64)) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+         helper.make_node("MatMul", ["t", "w"], ["y"])],
+        "tied", [value("x", "float32", ["N", 64])], [value("y", "float32", ["N", 64])],
+        [numpy_helper.from_array(shared, "w")],
+    )  # fmt: skip
+    model = make_model(graph).SerializeToString()
+    loaded, store = load_model(model, max_bytes=1 << 22), ArtifactStore(tmp_path)
+    manifest = compile_bucket(loaded, {"x": (4, 64)}, TARGET, store).manifest
+    assert manifest.verified and manifest.weight_transform is not None, manifest.verification
+    pool = WeightPool(store)
+    weights = pool.get(loaded.digest, "llvm").for_kernel(manifest)
+    engine = open_tvm_engine(store.library_path(manifest.key), loaded.signature, TARGET, weights)
+    assert pool.total_bytes == 64 * 64 * 4 == (64 // width) * 64 * width * 4  # one set of panels, no raw copy
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_allclose(engine.run({"x": x})["y"], np.tanh(x @ shared) @ shared, rtol=1e-4, atol=1e-5)
