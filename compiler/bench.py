@@ -8,6 +8,7 @@ right after ONNX Runtime, ONNX Runtime up to 4x slower after TVM).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from .arrays import random_inputs
@@ -36,9 +37,11 @@ def bench_bucket(
     ort_threads: int | None = None,
     ort_spinning: bool = True,
     profile: bool = False,
+    openvino: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict:
-    """Compile (and optionally tune) one bucket; time every engine in this process."""
+    """Compile (and optionally tune) one bucket, and build OpenVINO for it where ``openvino``; time every
+    verified engine in this process."""
     signature = model.signature
     kind = target["kind"]
     ort = OrtEngine(model.data, cuda=kind == "cuda", threads=ort_threads, spinning=ort_spinning)
@@ -73,6 +76,11 @@ def bench_bucket(
         facts[f"{tier}_verified"] = manifest.verified
         facts[f"{tier}_unscheduled"] = manifest.unscheduled
     dtypes = {s.name: s.dtype for s in signature.inputs}
+    if openvino and kind == "llvm":
+        openvino_engine, openvino_facts = _openvino(model, bucket, ort, options, threads=ort_threads, log=log)
+        facts |= openvino_facts
+        if openvino_engine is not None:
+            engines["openvino"] = openvino_engine
     inputs = random_inputs(bucket, dtypes, options.seed + 1, model.index_bounds.limits)
     latency = median_latencies_ms(engines, inputs, runs=runs, block=runs)
     ort_ms = latency.pop("ort")
@@ -84,6 +92,28 @@ def bench_bucket(
         **{f"{tier}_ms": round(ms, 3) for tier, ms in latency.items()},
         "ratio_vs_ort": {tier: round(ms / ort_ms, 2) for tier, ms in latency.items()},
     }
+
+
+def _openvino(model, bucket, ort, options, *, threads, log) -> tuple[Engine | None, dict]:
+    """OpenVINO built for the bucket and verified against ONNX Runtime (None where it did not verify), and
+    the facts of it."""
+    from .openvino_engine import OpenVinoEngine, verify_openvino
+
+    started = time.perf_counter()
+    try:
+        engine = OpenVinoEngine(model.data, dict(bucket), model.signature.output_names, threads=threads)
+    except JitServeError as exc:
+        log(f"{bucket_label(bucket)} openvino: {exc}")
+        return None, {"openvino_verified": False, "openvino_error": str(exc)}
+    seconds = time.perf_counter() - started
+    dtypes = {s.name: s.dtype for s in model.signature.inputs}
+    verified, detail = verify_openvino(
+        engine, ort, bucket, dtypes, rtol=options.rtol, atol=options.atol, seed=options.seed,
+        index_limits=model.index_bounds.limits,
+    )  # fmt: skip
+    log(f"{bucket_label(bucket)} openvino: built in {seconds:.1f}s, {engine.nbytes / 2**20:.0f} MiB, {detail}")
+    facts = {"openvino_verified": verified, "openvino_seconds": round(seconds, 2), "openvino_bytes": engine.nbytes}
+    return (engine if verified else None), facts
 
 
 def _tuning_ranking(model, manifest, store, bucket, options, *, threads, log) -> dict:

@@ -227,6 +227,7 @@ def _profile_explained(model, outcome, store, destination, *, shapes, runs) -> d
 
 def _bench(args, settings) -> list[dict]:
     from .bench import bench_bucket
+    from .openvino_engine import openvino_available
 
     model, buckets, target, options, store = _compile_context(args, settings)
 
@@ -246,6 +247,7 @@ def _bench(args, settings) -> list[dict]:
             ort_threads=settings.kernel_threads or None,
             ort_spinning=not args.ort_no_spin,
             profile=args.profile,
+            openvino=settings.openvino and openvino_available(),
             log=log,
         )
         for b in buckets

@@ -59,6 +59,11 @@ class CompileSettings(BaseSettings):
     """MetaSchedule trials for one task (fused kernel) at most: the server's tuning, and ``bench
     --tune-trials``. Tasks are tuned in the order of what they lose to ONNX Runtime."""
 
+    openvino: bool = True
+    """Build OpenVINO (where the ``openvino`` package is installed) for each bucket ``python -m compiler
+    bench`` measures, verify it against ONNX Runtime and time it beside the other engines. The server does
+    not route to it yet."""
+
     @property
     def kernel_store_dir(self) -> Path:
         """The content-addressed artifact store of compiled kernels."""

@@ -104,8 +104,10 @@ def test_bench_prints_one_json_line_per_bucket_and_plots(two_input, tmp_path):
         assert row["tvm_verified"] is True and row["tvm_tuned_verified"] is True
         assert row["ort_ms"] > 0 and row["tvm_ms"] > 0 and row["tvm_tuned_ms"] > 0
         # Ratios come from the unrounded times; the printed times are rounded to the microsecond.
-        assert set(row["ratio_vs_ort"]) == {"tvm", "tvm_tuned"}
-        for tier in ("tvm", "tvm_tuned"):
+        # OpenVINO too (installed, on by default), built for the bucket and verified like a kernel.
+        assert row["openvino_verified"] is True and row["openvino_ms"] > 0, row
+        assert set(row["ratio_vs_ort"]) == {"tvm", "tvm_tuned", "openvino"}
+        for tier in ("tvm", "tvm_tuned", "openvino"):
             assert row["ratio_vs_ort"][tier] == pytest.approx(row[f"{tier}_ms"] / row["ort_ms"], rel=0.25)
         assert row["compile_seconds"] > 0 and row["tune_seconds"] > 0 and row["tune_trials"] >= 1
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,100 @@
+"""OpenVINO as an engine beside ONNX Runtime and TVM: Intel's CPU runtime reads the ONNX model itself and
+compiles it for one bucket's static shapes.
+
+It answers in fp32 (``INFERENCE_PRECISION_HINT`` f32): left to its default it runs bf16 on a CPU with
+bf16 hardware, whose outputs stray past fp32 verification's tolerance. Like a TVM kernel, it is verified
+against ONNX Runtime on the bucket before it may serve (:func:`verify_openvino`), and timed beside the
+others. The ``openvino`` package is optional: :func:`openvino_available` says whether it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import numpy as np
+
+from .arrays import compare_outputs, contiguous, random_inputs
+from .buckets import Bucket
+from .engines import OrtEngine
+from .errors import BadRequestError, CompileError
+from .memory import anonymous_resident_bytes
+
+
+def openvino_available() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+class OpenVinoEngine:
+    """The model compiled by OpenVINO for ``shapes`` (one bucket's, every dim static), in fp32, with the
+    latency hint and ``threads`` inference threads (OpenVINO's default where None). ``nbytes``: the
+    process's anonymous memory it took to build, its copy of the weights among it."""
+
+    name = "openvino"
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        shapes: dict[str, tuple[int, ...]],
+        output_names: list[str],
+        *,
+        threads: int | None = None,
+    ) -> None:
+        import openvino as ov  # optional: only where the engine is enabled and installed
+
+        before = anonymous_resident_bytes()
+        core = ov.Core()
+        try:
+            model = core.read_model(model=model_bytes)
+            model.reshape({name: list(dims) for name, dims in shapes.items()})
+            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+            if threads:
+                config["INFERENCE_NUM_THREADS"] = threads
+            self._compiled = core.compile_model(model, "CPU", config)
+        except RuntimeError as exc:
+            raise CompileError(f"openvino cannot compile the model: {_reason(exc)}") from None
+        self._request = self._compiled.create_infer_request()
+        ports = {name: port for port in self._compiled.outputs for name in port.get_names()}
+        missing = [name for name in output_names if name not in ports]
+        if missing:
+            raise CompileError(f"openvino's compiled model lacks outputs {missing}")
+        self._outputs = [(name, ports[name]) for name in output_names]
+        self.input_names = list(shapes)
+        self.output_names = output_names
+        self.nbytes = max(0, anonymous_resident_bytes() - before)
+        self._lock = threading.Lock()  # one infer request: one call at a time
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {name: contiguous(inputs[name]) for name in self.input_names}
+        with self._lock:
+            try:
+                results = self._request.infer(feed)
+            except RuntimeError as exc:  # a shape or type the bucket does not take: the request's fault
+                raise BadRequestError(f"openvino refused the input: {_reason(exc)}") from None
+            return {name: np.array(results[port]) for name, port in self._outputs}
+
+
+def verify_openvino(
+    engine: OpenVinoEngine,
+    reference: OrtEngine,
+    bucket: Bucket,
+    dtypes: dict[str, str],
+    *,
+    rtol: float,
+    atol: float,
+    seed: int,
+    index_limits: dict | None = None,
+) -> tuple[bool, str]:
+    """Whether OpenVINO answers as ONNX Runtime does on seeded inputs of the bucket, within the compile's
+    tolerances, and the comparison's detail."""
+    inputs = random_inputs(bucket, dtypes, seed, index_limits)
+    comparison = compare_outputs(engine.run(inputs), reference.run(inputs), rtol, atol)
+    return comparison.matches, comparison.detail
+
+
+def _reason(exc: Exception) -> str:
+    """What went wrong in an OpenVINO error, in a line: its messages open with "Exception from src/...cpp:NNN:"
+    and the failed check's source, and a conversion failure names the ops it has no rule for further on."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("Exception from ", "Check '", "To facilitate", "Summary"))]
+    return " ".join(useful[:3]) if useful else type(exc).__name__
