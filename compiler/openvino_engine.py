@@ -43,16 +43,7 @@ class OpenVinoEngine:
         import openvino as ov  # optional: only where the engine is enabled and installed
 
         before = anonymous_resident_bytes()
-        core = ov.Core()
-        try:
-            model = core.read_model(model=model_bytes)
-            model.reshape({name: list(dims) for name, dims in shapes.items()})
-            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
-            if threads:
-                config["INFERENCE_NUM_THREADS"] = threads
-            self._compiled = core.compile_model(model, "CPU", config)
-        except RuntimeError as exc:
-            raise CompileError(f"openvino cannot compile the model: {_reason(exc)}") from None
+        self._compiled = _compile(ov.Core(), model_bytes, shapes, threads)
         self._request = self._compiled.create_infer_request()
         ports = {name: port for port in self._compiled.outputs for name in port.get_names()}
         missing = [name for name in output_names if name not in ports]
@@ -61,7 +52,7 @@ class OpenVinoEngine:
         self._outputs = [(name, ports[name]) for name in output_names]
         self.input_names = list(shapes)
         self.output_names = output_names
-        self.nbytes = max(0, anonymous_resident_bytes() - before)
+        self.nbytes = max(0, anonymous_resident_bytes() - before)  # the read model (a copy of the weights) gone
         self._lock = threading.Lock()  # one infer request: one call at a time
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -72,6 +63,18 @@ class OpenVinoEngine:
             except RuntimeError as exc:  # a shape or type the bucket does not take: the request's fault
                 raise BadRequestError(f"openvino refused the input: {_reason(exc)}") from None
             return {name: np.array(results[port]) for name, port in self._outputs}
+
+
+def _compile(core, model_bytes: bytes, shapes: dict[str, tuple[int, ...]], threads: int | None):
+    try:
+        model = core.read_model(model=model_bytes)
+        model.reshape({name: list(dims) for name, dims in shapes.items()})
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        return core.compile_model(model, "CPU", config)
+    except RuntimeError as exc:
+        raise CompileError(f"openvino cannot compile the model: {_reason(exc)}") from None
 
 
 def verify_openvino(

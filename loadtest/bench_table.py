@@ -12,7 +12,8 @@ engine's GFLOP/s (the contractions' FLOPs, :mod:`compiler.flops`) and, as the
 machine's reference peaks, numpy SGEMMs of 2048^3 measured at the start: one
 with OpenBLAS's kernels for the host's ISA and one with its AVX2 kernels,
 so kernels built for AVX2 on an AVX-512 machine are judged against what AVX2
-can reach there.
+can reach there. OpenVINO, where it is installed and enabled (``JITSERVE_OPENVINO``), is built, verified
+and timed in the same processes: its columns stay empty where it did not verify.
 ``--target`` compiles for another CPU than the host's (an AVX2 ``mcpu`` on an
 AVX-512 machine: ONNX Runtime still runs its AVX-512 kernels there, so its
 ratio is not the AVX2 machine's). Raw JSON lines go to ``DIR/bench.jsonl``,
@@ -206,8 +207,8 @@ def main() -> int:
     tvm_peak = avx2_peak if args.target and target_vector_bits(args.target) == 256 else host_peak
     table = [
         "| model | bucket | GFLOP | ORT ms | ORT GFLOP/s | ORT % peak | TVM ms | TVM GFLOP/s | TVM % peak "
-        "| TVM / ORT | tuned ms | tuned / ORT | compile s | tune s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TVM / ORT | tuned ms | tuned / ORT | OpenVINO ms | OpenVINO / ORT | compile s | tune s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     with (args.out / "bench.jsonl").open("a") as raw:
         for title in args.models:
@@ -233,6 +234,8 @@ def main() -> int:
                 cells = [title, bucket, f"{gflop:.2f}", f"{ort:.2f}", f"{ort_rate:.1f}", f"{ort_rate / host_peak:.0%}"]
                 cells += [f"{tvm:.2f}", f"{tvm_rate:.1f}", f"{tvm_rate / tvm_peak:.0%}", f"**{tvm / ort:.2f}**"]
                 cells += [f"{tuned:.2f}", f"**{tuned / ort:.2f}**"] if tuned else ["", ""]
+                openvino = _median(rows, "openvino_ms")  # absent where not installed, disabled or not verified
+                cells += [f"{openvino:.2f}", f"**{openvino / ort:.2f}**"] if openvino else ["", ""]
                 cells += [f"{_median(rows, 'compile_seconds'):.1f}", f"{_median(rows, 'tune_seconds') or 0:.0f}"]
                 table.append("| " + " | ".join(cells) + " |")
                 print(table[-1], file=sys.stderr, flush=True)
