@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import InvalidModelError, PayloadTooLargeError
 from .indices import IndexBounds, index_bounds
+from .quantized import integer_ops
 from .signature import Signature, read_signature
 from .weights import graph_digest, weight_bytes, weight_data_problem, weightless
 
@@ -39,6 +40,8 @@ class LoadedModel:
     opset: int = 0
     path: Path | None = None
     """Where the bytes are stored, once ``data`` is let go."""
+    integer_ops: tuple[str, ...] = ()
+    """The ops that compute on quantized activations (:mod:`compiler.quantized`): TVM would run them in float."""
 
     def read_bytes(self) -> bytes:
         if self.data is not None:
@@ -170,6 +173,7 @@ def _validate(proto: onnx.ModelProto, data: bytes, min_opset: int, max_opset: in
         graph_digest=graph_digest(proto),
         weight_bytes=weight_bytes(proto),
         opset=opset,
+        integer_ops=tuple(integer_ops(proto)),
     )
 
 

@@ -115,6 +115,12 @@ class BucketBuilder:
         if unchecked:  # a kernel would read out of bounds on some input ONNX Runtime refuses
             bucket.fail(f"not compiled: {unchecked[0].describe()}; onnxruntime serves it")
             return
+        if served.model.integer_ops:  # no compile spent where TVM can only lose (compiler/quantized.py)
+            bucket.fail(
+                f"not compiled: a quantized graph ({', '.join(served.model.integer_ops)}), whose integer "
+                "arithmetic TVM would run in float; onnxruntime serves it with its int8 kernels"
+            )
+            return
         reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
         bucket.attempts += 1
         self.metrics.record_compile_retry(model=served.name, retried=False)

@@ -1,0 +1,72 @@
+"""Quantized graphs, made by ONNX Runtime's own quantizer: integer arithmetic on activations is found
+(static QDQ, QOperator and dynamic quantization); float models and weight-only quantization are not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+from compiler.model import load_model
+from compiler.quantized import integer_ops
+from tests import convnets, synthetic
+
+
+class _Images(CalibrationDataReader):
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        rng = np.random.default_rng(0)
+        self._batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+
+    def get_next(self) -> dict | None:
+        return next(self._batches, None)
+
+
+def dynamic_quantized_encoder(directory: Path) -> bytes:
+    """A BERT-style encoder quantized as transformers' are for the CPU (MatMulInteger on int8 weights)."""
+    source, target = directory / "encoder.onnx", directory / "encoder_int8.onnx"
+    source.write_bytes(synthetic.bert_encoder_model(layers=1, hidden=64, heads=4, seq=16))
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    return target.read_bytes()
+
+
+def static_quantized_convnet(directory: Path, quant_format: QuantFormat) -> bytes:
+    source, target = directory / "convnet.onnx", directory / f"convnet_{quant_format.name}.onnx"
+    source.write_bytes(convnets.residual_model())
+    quantize_static(str(source), str(target), _Images((1, 3, 56, 56)), quant_format=quant_format)
+    return target.read_bytes()
+
+
+def test_dynamic_quantization_is_integer_arithmetic(tmp_path):
+    ops = load_model(dynamic_quantized_encoder(tmp_path), max_bytes=1 << 26).integer_ops
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops, ops
+
+
+@pytest.mark.parametrize(
+    ("quant_format", "expected"), [(QuantFormat.QDQ, "QuantizeLinear"), (QuantFormat.QOperator, "QLinearConv")]
+)
+def test_static_quantization_is_integer_arithmetic(tmp_path, quant_format, expected):
+    assert expected in load_model(static_quantized_convnet(tmp_path, quant_format), max_bytes=1 << 26).integer_ops
+
+
+def test_float_models_and_weight_only_quantization_are_not():
+    assert load_model(convnets.residual_model(), max_bytes=1 << 26).integer_ops == ()
+    # int8 weights dequantized to float before a float MatMul: weight work, computed once.
+    weight = numpy_helper.from_array(np.arange(-32, 32, dtype=np.int8).reshape(8, 8), "w_int8")
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "w_scale")
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["w_int8", "w_scale"], ["w"]),
+         helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "weight_only", [synthetic.value("x", "float32", ["N", 8])], [synthetic.value("y", "float32", ["N", 8])],
+        [weight, scale],
+    )  # fmt: skip
+    assert integer_ops(synthetic.make_model(graph)) == []
+    # ... while the same DequantizeLinear of an activation quantized in the graph is integer arithmetic.
+    requantized = onnx.ModelProto.FromString(synthetic.make_model(graph).SerializeToString())
+    zero = numpy_helper.from_array(np.array(0, np.int8), "x_zero")
+    requantized.graph.initializer.append(zero)
+    requantized.graph.node.insert(0, helper.make_node("QuantizeLinear", ["x", "w_scale", "x_zero"], ["x_int8"]))
+    assert integer_ops(requantized) == ["QuantizeLinear"]
