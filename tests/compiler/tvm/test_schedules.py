@@ -60,14 +60,22 @@ def _elementwise_model() -> bytes:
     return _model(nodes, ["batch", 6, 40], ["batch", 40, 6], [_const("b", (40,))])
 
 
-def _matmul_model(k: int = 64, n: int = 48, rows: int | str = 16) -> bytes:
-    """Relu(x @ W + b) over [batch, 16, k]."""
+def _matmul_model(k: int = 64, n: int = 48, rows: int | str = 16, *, weight_input: bool = False) -> bytes:
+    """Relu(x @ W + b) over [batch, 16, k]. With ``weight_input`` W is the model's second input, computed per
+    request as far as the compiler knows: the kernel reads it as it is, where a model's own weight is read
+    from panels packed once in the weight transform (``compiler/tvm/panels.py``)."""
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["mm"]),
         helper.make_node("Add", ["mm", "b"], ["z"]),
         helper.make_node("Relu", ["z"], ["y"]),
     ]
-    return _model(nodes, ["batch", rows, k], ["batch", rows, n], [_const("W", (k, n), 0.2), _const("b", (n,))])
+    if not weight_input:
+        return _model(nodes, ["batch", rows, k], ["batch", rows, n], [_const("W", (k, n), 0.2), _const("b", (n,))])
+    graph = helper.make_graph(
+        nodes, "cpu_schedules", [value("x", "float32", ["batch", rows, k]), value("W", "float32", [k, n])],
+        [value("y", "float32", ["batch", rows, n])], initializer=[_const("b", (n,))],
+    )  # fmt: skip
+    return make_model(graph).SerializeToString()
 
 
 def _conv_bn_relu_model(width: int | str = 32) -> bytes:
@@ -161,7 +169,13 @@ CASES = {
     "elementwise": (_elementwise_model, {"x": (2, 6, 40)}, {"erf": "Injective"}),
     "matmul_bias_relu": (_matmul_model, {"x": (2, 16, 64)}, {"matmul": "Contraction"}),
     "matmul_padded_axis": (lambda: _matmul_model(32, 50), {"x": (1, 16, 32)}, {"matmul": "Contraction"}),
-    "classifier_gemv": (lambda: _matmul_model(256, 40, rows=1), {"x": (1, 1, 256)}, {"matmul": "Gemv"}),
+    # A one-row product by a matrix the kernel reads as it is, and by a weight it reads from panels.
+    "classifier_gemv": (
+        lambda: _matmul_model(256, 40, rows=1, weight_input=True),
+        {"x": (1, 1, 256), "W": (256, 40)},
+        {"matmul": "Gemv"},
+    ),
+    "classifier_from_panels": (lambda: _matmul_model(256, 40, rows=1), {"x": (1, 1, 256)}, {"matmul": "Contraction"}),
     "conv_bn_relu": (_conv_bn_relu_model, {"x": (1, 8, 12, 32)}, {"conv2d": "Contraction"}),
     "depthwise_conv": (_depthwise_model, {"x": (2, 8, 6, 32)}, {"conv2d": "Contraction"}),
     "upsampling_conv_transpose": (
@@ -193,7 +207,7 @@ def _fused_kernels(
     model: bytes, bucket: dict, bounds: dict | None = None, *, mcpu: str | None = None
 ) -> dict[str, tvm.tirx.PrimFunc]:
     specialized, _ = specialize(onnx.load_from_string(model), bucket, True)
-    mod = import_relax(specialized, bucket, {"x": "float32"})
+    mod = import_relax(specialized, bucket, dict.fromkeys(bucket, "float32"))
     target = tvm.target.Target({**TARGET, "mcpu": mcpu} if mcpu else TARGET)
     with target:
         passes = [p for _, stage in tuned_module_stages(target, bounds) for p in stage]
@@ -259,32 +273,37 @@ def test_large_matmul_runs_in_parallel():
 
 def test_matmul_rows_with_no_divisor_to_fill_a_tile_are_padded_to_whole_tiles_and_verify(store):
     """ConvNeXt's 7x7 stage: 49 rows, whose divisors give a 1-row tile on AVX2's 6-row budget, are
-    computed as 50 in 5-row tiles, the weight still packed into column panels; the model verifies."""
-    model = _matmul_model(256, 64, rows=49)
-    kernels = _fused_kernels(model, {"x": (1, 49, 256)}, mcpu="haswell")
+    computed as 50 in 5-row tiles, the matrix (read as it is) packed into column panels; the model verifies."""
+    model, bucket = _matmul_model(256, 64, rows=49, weight_input=True), {"x": (1, 49, 256), "W": (256, 64)}
+    kernels = _fused_kernels(model, bucket, mcpu="haswell")
     func = next(f for name, f in kernels.items() if "matmul" in name)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
     script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
-    assert "matmul_intermediate_pad = T.sblock_alloc_buffer((T.int64(50), T.int64(64))" in script
-    assert "for i0_1 in T.unroll(T.int64(5))" in script
-    assert "param_0_local = T.sblock_alloc_buffer((T.int64(256), T.int64(64))" in script  # the packed panel
-    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 49, 256)}, TARGET, store)
+    assert "matmul_intermediate_pad = T.sblock_alloc_buffer((T.int64(1), T.int64(50), T.int64(64))" in script
+    assert "for i1_1 in T.unroll(T.int64(5))" in script
+    assert "W_local = T.sblock_alloc_buffer((T.int64(256), T.int64(64))" in script  # the packed panel
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), bucket, TARGET, store)
     assert outcome.manifest.verified is True, outcome.manifest.verification
 
 
 def test_a_matmul_over_a_map_packs_one_panel_per_column_tile_shared_by_every_row(store):
     """ConvNeXt's Linear over a [1, 7, 7, C] map: the column tiles are the parallel loop and each packs its
     panel once for all 7 x 7 rows (computed per map row, the whole matrix was copied 7 times a call). The
-    map's rows are one axis of 49 (``layout._matmul_rows_flattened``)."""
+    map's rows are one axis of 49 (``layout._matmul_rows_flattened``). The matrix is an input here (a
+    model's own weight is read from panels packed once in the weight transform)."""
     nodes = [helper.make_node("MatMul", ["x", "W"], ["y"])]
-    model = _model(nodes, ["batch", 7, 7, 256], ["batch", 7, 7, 512], [_const("W", (256, 512), 0.1)])
-    kernels = _fused_kernels(model, {"x": (1, 7, 7, 256)}, mcpu="haswell")
+    graph = helper.make_graph(
+        nodes, "cpu_schedules", [value("x", "float32", ["batch", 7, 7, 256]), value("W", "float32", [256, 512])],
+        [value("y", "float32", ["batch", 7, 7, 512])],
+    )  # fmt: skip
+    model, bucket = make_model(graph).SerializeToString(), {"x": (1, 7, 7, 256), "W": (256, 512)}
+    kernels = _fused_kernels(model, bucket, mcpu="haswell")
     func = next(f for name, f in kernels.items() if "matmul" in name)
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
     script = cpu_schedules.Contraction().apply(func, target, False).mod["main"].script()
     parallel = next(line.strip() for line in script.splitlines() if "T.parallel" in line)
     assert parallel == "for i1_0 in T.parallel(T.int64(32)):", parallel  # 512 columns / 16
-    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), {"x": (1, 7, 7, 256)}, TARGET, store)
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), bucket, TARGET, store)
     assert outcome.manifest.verified is True, outcome.manifest.verification
 
 
@@ -295,7 +314,7 @@ def test_gemv_sums_the_reduction_in_interleaved_parts_and_runs_a_large_matrix_in
     tiles), else one vector with 8 interleaved parts."""
     lanes = vector_lanes(tvm.target.Target(TARGET), "float32")
     for k, n, parallel, columns in ((1024, 256, True, 8 * lanes), (256, 40, False, 8)):
-        kernels = _fused_kernels(_matmul_model(k, n, rows=1), {"x": (1, 1, k)})
+        kernels = _fused_kernels(_matmul_model(k, n, rows=1, weight_input=True), {"x": (1, 1, k), "W": (k, n)})
         rule, script = _first_match(next(f for name, f in kernels.items() if "matmul" in name))
         assert rule == "Gemv"
         assert 'sblock("matmul_rf_update")' in script and f"T.vectorized(T.int64({columns}))" in script
@@ -415,7 +434,8 @@ def test_gemv_over_columns_in_no_whole_cache_lines_takes_line_tiles_the_last_one
 
     k, n = 512, 1000
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
-    kernels = _fused_kernels(_matmul_model(k, n, rows=1), {"x": (1, 1, k)}, mcpu="haswell")
+    model = _matmul_model(k, n, rows=1, weight_input=True)
+    kernels = _fused_kernels(model, {"x": (1, 1, k), "W": (k, n)}, mcpu="haswell")
     func = next(f for name, f in kernels.items() if "matmul" in name)
     sch = cpu_schedules.Gemv().apply(func, target, False)
     assert sch is not None
@@ -423,10 +443,10 @@ def test_gemv_over_columns_in_no_whole_cache_lines_takes_line_tiles_the_last_one
     assert "T.vectorized(T.int64(16))" in script and "T.where" in script and "T.parallel(T.int64(63))" in script
     lib = tvm_build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
     rng = np.random.default_rng(5)
-    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, k), (k, n), (n,)))
-    args = [tvm.runtime.tensor(a) for a in (x, w, b, np.zeros((1, n), np.float32))]
-    lib["main"](*args)  # the kernel: x @ W + b (the Relu is a kernel of its own)
-    np.testing.assert_allclose(args[-1].numpy(), x @ w + b, rtol=1e-4, atol=1e-4)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, 1, k), (k, n), (n,)))
+    args = [tvm.runtime.tensor(a) for a in (x, w, b, np.zeros((1, 1, n), np.float32))]
+    lib["main"](*args)  # the kernel: Relu(x @ W + b)
+    np.testing.assert_allclose(args[-1].numpy(), np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
 
 
 def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chunks_per_row():
@@ -803,8 +823,8 @@ def test_a_channel_blocked_conv_is_blocked_by_the_targets_lanes_and_its_tile_doe
 def test_matmul_weight_is_packed_into_column_panels_and_verifies(store):
     """A @ W with row tiles to share it: W's K x nr panel is copied once per column tile (a
     contiguous panel on the stack that every row tile reuses) inside the parallel loop; the model
-    still verifies."""
-    model, bucket = _matmul_model(256, 256), {"x": (4, 16, 256)}
+    still verifies. (W is an input here: a model's own weight is packed once, in the weight transform.)"""
+    model, bucket = _matmul_model(256, 256, weight_input=True), {"x": (4, 16, 256), "W": (256, 256)}
     kernels = _fused_kernels(model, bucket)
     func = next(f for n, f in kernels.items() if "matmul" in n)
     target = tvm.target.Target(TARGET)
