@@ -62,7 +62,8 @@ class OpenVinoEngine:
                 results = self._request.infer(feed)
             except RuntimeError as exc:  # a shape or type the bucket does not take: the request's fault
                 raise BadRequestError(f"openvino refused the input: {_reason(exc)}") from None
-            return {name: np.array(results[port]) for name, port in self._outputs}
+            # infer copies its outputs out of the request (a later call leaves them as they are): no copy here
+            return {name: results[port] for name, port in self._outputs}
 
 
 def _compile(core, model_bytes: bytes, shapes: dict[str, tuple[int, ...]], threads: int | None):
