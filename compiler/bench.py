@@ -109,7 +109,7 @@ def _openvino(model, bucket, ort, options, *, threads, log) -> tuple[Engine | No
     dtypes = {s.name: s.dtype for s in model.signature.inputs}
     verified, detail = verify_openvino(
         engine, ort, bucket, dtypes, rtol=options.rtol, atol=options.atol, seed=options.seed,
-        index_limits=model.index_bounds.limits,
+        index_limits=model.index_bounds.limits, steps=model.output_steps,
     )  # fmt: skip
     log(f"{bucket_label(bucket)} openvino: built in {seconds:.1f}s, {engine.nbytes / 2**20:.0f} MiB, {detail}")
     facts = {"openvino_verified": verified, "openvino_seconds": round(seconds, 2), "openvino_bytes": engine.nbytes}

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import InvalidModelError, PayloadTooLargeError
 from .indices import IndexBounds, index_bounds
-from .quantized import integer_ops
+from .quantized import integer_ops, output_steps
 from .signature import Signature, read_signature
 from .weights import graph_digest, weight_bytes, weight_data_problem, weightless
 
@@ -42,6 +42,9 @@ class LoadedModel:
     """Where the bytes are stored, once ``data`` is let go."""
     integer_ops: tuple[str, ...] = ()
     """The ops that compute on quantized activations (:mod:`compiler.quantized`): TVM would run them in float."""
+    output_steps: dict[str, float] = field(default_factory=dict)
+    """The quantization step of each output dequantized from integers: engines' int8 kernels are verified
+    against ONNX Runtime's within one step (:func:`compiler.quantized.output_steps`)."""
 
     def read_bytes(self) -> bytes:
         if self.data is not None:
@@ -174,6 +177,7 @@ def _validate(proto: onnx.ModelProto, data: bytes, min_opset: int, max_opset: in
         weight_bytes=weight_bytes(proto),
         opset=opset,
         integer_ops=tuple(integer_ops(proto)),
+        output_steps=output_steps(proto),
     )
 
 

@@ -25,6 +25,12 @@ def openvino_available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+def openvino_version() -> str:
+    import openvino as ov
+
+    return ov.get_version()
+
+
 class OpenVinoEngine:
     """The model compiled by OpenVINO for ``shapes`` (one bucket's, every dim static), in fp32, with the
     latency hint and ``threads`` inference threads (OpenVINO's default where None). ``nbytes``: the
@@ -88,11 +94,12 @@ def verify_openvino(
     atol: float,
     seed: int,
     index_limits: dict | None = None,
+    steps: dict[str, float] | None = None,
 ) -> tuple[bool, str]:
     """Whether OpenVINO answers as ONNX Runtime does on seeded inputs of the bucket, within the compile's
-    tolerances, and the comparison's detail."""
+    tolerances (within one quantization step on outputs with ``steps``), and the comparison's detail."""
     inputs = random_inputs(bucket, dtypes, seed, index_limits)
-    comparison = compare_outputs(engine.run(inputs), reference.run(inputs), rtol, atol)
+    comparison = compare_outputs(engine.run(inputs), reference.run(inputs), rtol, atol, steps=steps)
     return comparison.matches, comparison.detail
 
 

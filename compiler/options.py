@@ -60,9 +60,10 @@ class CompileSettings(BaseSettings):
     --tune-trials``. Tasks are tuned in the order of what they lose to ONNX Runtime."""
 
     openvino: bool = True
-    """Build OpenVINO (where the ``openvino`` package is installed) for each bucket ``python -m compiler
-    bench`` measures, verify it against ONNX Runtime and time it beside the other engines. The server does
-    not route to it yet."""
+    """Build OpenVINO (where the ``openvino`` package is installed) for each static CPU bucket that is
+    compiled (the server) or benchmarked (``python -m compiler bench``), verify it against ONNX Runtime,
+    and time it beside ONNX Runtime and TVM: the server routes the bucket to it where it is fastest.
+    Off: OpenVINO is never imported."""
 
     @property
     def kernel_store_dir(self) -> Path:

@@ -12,9 +12,13 @@ weight work, done once.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .weights import constant_value
+
+_LAYOUT_OPS = frozenset({"Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"})
 
 _INTEGER_OPS = frozenset(
     {
@@ -59,3 +63,31 @@ def _visit(graph: onnx.GraphProto, found: set[str]) -> None:
         for attribute in node.attribute:
             for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
                 _visit(subgraph, found)
+
+
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """The quantization step of each graph output dequantized from integers: made by a ``DequantizeLinear``
+    with a constant scale (through layout ops alone), its largest scale. Outputs computed in float after
+    their last dequantization have none: they are compared at fp32's tolerances."""
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    steps = {}
+    for output in graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in _LAYOUT_OPS and node.input:
+            node = producers.get(node.input[0])
+        if node is None or node.op_type != "DequantizeLinear" or len(node.input) < 2:
+            continue
+        scale = _constant(node.input[1], constants, producers)
+        if scale is not None and scale.size and np.all(np.isfinite(scale)):
+            steps[output.name] = float(np.max(np.abs(scale)))
+    return steps
+
+
+def _constant(name: str, initializers: dict, producers: dict) -> np.ndarray | None:
+    if name in initializers:
+        return numpy_helper.to_array(initializers[name])
+    node = producers.get(name)
+    value = constant_value(node) if node is not None else None
+    return None if value is None else numpy_helper.to_array(value)

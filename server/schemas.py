@@ -16,6 +16,14 @@ class ErrorBody(BaseModel):
     error: str
 
 
+class OpenVinoBuildDescription(BaseModel):
+    key: str | None = Field(None, description="what it was built from; a shadow check's demotion keeps it off")
+    build_seconds: float | None = None
+    bytes: int | None = Field(None, description="memory it holds (its own copy of the weights), counted in the cache")
+    verification: str | None = Field(None, description="its comparison with onnxruntime on the bucket")
+    failure: str | None = Field(None, description="why it cannot serve the bucket: not built, or not verified")
+
+
 class Bucket(BaseModel):
     bucket: str = Field(description="canonical label, e.g. x=8x3x48x192")
     shapes: dict[str, list[int | str]] = Field(
@@ -25,7 +33,7 @@ class Bucket(BaseModel):
     reason: str | None = Field(
         description="why it is in its state: why a cold bucket is not compiled yet, why a compile failed"
     )
-    engine: str = Field(description="the engine serving it: onnxruntime, tvm or tvm-tuned")
+    engine: str = Field(description="the engine serving it: onnxruntime, tvm, tvm-tuned or openvino")
     latency_ms: dict[str, float] = Field(description="measured median latency per verified engine")
     routed_by: Literal["latency", "throughput"] = Field(
         "latency",
@@ -49,6 +57,9 @@ class Bucket(BaseModel):
     kernel: str = Field(
         description="the key of the bucket's kernel in the store: the same for every version and model with this "
         "graph (weights are parameters), whether compiled yet or not"
+    )
+    openvino: OpenVinoBuildDescription | None = Field(
+        None, description="OpenVINO's build for the bucket (where it is enabled): none before the bucket is routed"
     )
     hits: int = Field(description="requests served from this bucket")
     traffic: float = Field(

@@ -204,7 +204,7 @@ class Settings(CompileSettings):
 
     routing: Literal["measured", "compiled"] = "measured"
     """``measured``: each bucket is served by its fastest verified engine, timed on the bucket;
-    ``compiled``: by its verified TVM kernel whenever there is one."""
+    ``compiled``: by its verified TVM kernel whenever there is one (else OpenVINO where it verified)."""
 
     routing_runs: int = Field(10, ge=1)
     """Timed runs per engine when a bucket is routed (the median decides)."""

@@ -5,6 +5,7 @@ refuse what did not verify."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from compiler.build import CompileOutcome, compile_bucket
+from compiler.engines import Engine
 from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeError
 from compiler.options import CompileOptions
 from compiler.store import COMPILER_VERSION
@@ -21,6 +23,7 @@ from compiler.tuning_plan import kernel_times
 from ..settings import Settings
 from .kernel_cache import Kernels
 from .metrics import Metrics
+from .openvino_builds import OPENVINO
 from .progress import TuningWatch
 from .registry import ServedModel
 from .router import Router
@@ -108,44 +111,85 @@ class BucketBuilder:
         return TierBuild(outcome, failure, time.perf_counter() - started)
 
     def compile(self, served: ServedModel, bucket: ServedBucket) -> None:
-        """Make the bucket's kernel available: compile (or find it stored), load, measure, route."""
+        """Make the bucket's kernel available: compile (or find it stored), load; build OpenVINO where it is
+        enabled; measure every verified engine and route. Fails only where no engine but ONNX Runtime can
+        serve it."""
         if not bucket.move(BucketState.COMPILING, only_from=BucketState.ADMITTED):
             return
         unchecked = served.model.index_bounds.unchecked
         if unchecked:  # a kernel would read out of bounds on some input ONNX Runtime refuses
             bucket.fail(f"not compiled: {unchecked[0].describe()}; onnxruntime serves it")
             return
+        built: TierBuild | None = None
+        candidates: dict[str, Engine] = {}
         if served.model.integer_ops:  # no compile spent where TVM can only lose (compiler/quantized.py)
-            bucket.fail(
+            failure = (
                 f"not compiled: a quantized graph ({', '.join(served.model.integer_ops)}), whose integer "
-                "arithmetic TVM would run in float; onnxruntime serves it with its int8 kernels"
+                "arithmetic TVM would run in float"
             )
+        else:
+            built = self._compile_tvm(served, bucket)
+            failure = built.failure
+            if built.outcome is not None and failure is None:
+                if built.outcome.cached and self.router.restore(served, bucket):
+                    return
+                candidates["tvm"] = self.kernels.open(served, bucket.key)
+        openvino = self._openvino(served, bucket)
+        if openvino is not None:
+            candidates[OPENVINO] = openvino
+        if not candidates:
+            if built is not None and built.outcome is None:
+                self._fail(served, bucket, built)  # a compile failure that may pass is retried
+            else:
+                if served.model.integer_ops:
+                    failure += "; onnxruntime serves it with its int8 kernels"
+                bucket.fail(self._with_openvino_failure(bucket, failure))
             return
+        route = self.router.route(served, bucket, candidates, unavailable=failure)
+        if openvino is not None and route != OPENVINO:
+            self.kernels.drop(served, bucket.key_for(OPENVINO))  # measured slower: its memory goes back
+
+    def _compile_tvm(self, served: ServedModel, bucket: ServedBucket) -> TierBuild:
+        """Compile (or find stored) and load the bucket's TVM kernel; the build carries why it cannot serve."""
         reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
         bucket.attempts += 1
         self.metrics.record_compile_retry(model=served.name, retried=False)
         built = self._build(served, bucket, served.options)
-        if built.outcome is None:
-            self._fail(served, bucket, built)
-            return
         outcome = built.outcome
+        if outcome is None:
+            return built
         bucket.compiled(outcome.manifest.compile_seconds)
         if not outcome.cached:
             self._remember_compile(served, bucket, outcome, reason or "first_compile")
         if reason and not outcome.cached:
             self.metrics.record_recompile(model=served.name, reason=reason)
         if built.failure:
-            bucket.fail(built.failure)
-            return
+            return built
         if outcome.cached:
             self.metrics.record_reload(model=served.name)
         try:
             self.kernels.load(served, bucket.key)
         except JitServeError as exc:  # its weights do not fit the kernel: never served
-            bucket.fail(str(exc))
-            return
-        if not (outcome.cached and self.router.restore(served, bucket)):
-            self.router.route(served, bucket, {"tvm": self.kernels.open(served, bucket.key)})
+            return dataclasses.replace(built, failure=str(exc))
+        return built
+
+    def _openvino(self, served: ServedModel, bucket: ServedBucket) -> Engine | None:
+        """OpenVINO built, verified and held for the bucket where it is enabled; None where it is not, or
+        failed (the bucket says why)."""
+        openvino = self.kernels.openvino
+        if openvino is None or not openvino.takes(served, bucket):
+            return None
+        built = openvino.build(served, bucket)
+        if built.engine is None:
+            return None
+        # In the cache before it may be routed to: a request that finds it routed finds it loaded.
+        self.kernels.hold(served, bucket.key_for(OPENVINO), built.engine, built.engine.nbytes)
+        return built.engine
+
+    @staticmethod
+    def _with_openvino_failure(bucket: ServedBucket, failure: str) -> str:
+        openvino_failure = (bucket.openvino or {}).get("failure")
+        return f"{failure}; {openvino_failure}" if openvino_failure else failure
 
     def tune(self, served: ServedModel, bucket: ServedBucket) -> float:
         """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
@@ -201,6 +245,9 @@ class BucketBuilder:
             tier: self.kernels.open(served, key)
             for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
         }
+        openvino = self.kernels.get(served, bucket.key_for(OPENVINO) or "")
+        if openvino is not None:  # built and held: it serves the bucket now, and is timed as it is
+            candidates[OPENVINO] = openvino
         self.router.route(served, bucket, candidates)
         return built.seconds
 

@@ -32,6 +32,7 @@ from .compile_admission import CompileAdmission
 from .inputs import parse_inputs
 from .kernel_cache import Kernels
 from .metrics import Metrics
+from .openvino_builds import OPENVINO
 from .priority import idle_thread_priority
 from .registry import Registry, ServedModel
 from .state import BucketState, ServedBucket
@@ -324,7 +325,14 @@ class Inference:
         engine = self.kernels.get(served, key)
         self.metrics.record_cache_lookup(model=served.name, hit=engine is not None)
         if engine is None:  # evicted, or routed by an earlier process
-            engine = self.kernels.load(served, key)
+            try:
+                engine = self.kernels.load(served, key)
+            except JitServeError as exc:
+                if bucket.route != OPENVINO:
+                    raise
+                # Rebuilt after an eviction, it no longer builds or verifies: ONNX Runtime serves meanwhile.
+                bucket.evict(f"openvino rebuild failed: {exc}")
+                return None
             self.metrics.record_reload(model=served.name)
         return engine
 

@@ -31,6 +31,8 @@ from compiler.target import target_kind
 from compiler.weights import load_weights
 
 from .metrics import Metrics
+from .openvino_builds import KEY_PREFIX as OPENVINO_KEY_PREFIX
+from .openvino_builds import OPENVINO, OpenVinoBuilds
 from .registry import ServedModel
 
 EngineOpener = Callable[[Path, Signature, dict, list], Engine]
@@ -233,12 +235,15 @@ class Kernels:
         artifacts: ArtifactStore,
         metrics: Metrics,
         open_engine: EngineOpener = open_tvm_engine,
+        openvino: OpenVinoBuilds | None = None,
     ) -> None:
         self.cache = cache
         self.artifacts = artifacts
         self.metrics = metrics
         self.weights = WeightPool(artifacts)
         self._open_engine = open_engine
+        self.openvino = openvino
+        self._rebuilding = threading.Lock()  # one OpenVINO rebuild at a time: requests missing it wait for it
 
     @staticmethod
     def cache_key(served: ServedModel, key: str) -> CacheKey:
@@ -256,6 +261,8 @@ class Kernels:
         return self._open(served, key)[0]
 
     def load(self, served: ServedModel, key: str) -> Engine:
+        if key.startswith(OPENVINO_KEY_PREFIX):
+            return self._rebuild_openvino(served, key)
         engine, manifest = self._open(served, key)
         touch(self.artifacts, {key})  # used now: the store's budget removes the longest unused first
         # What the kernel holds: its code and workspace. The weights are the version's, shared by its kernels.
@@ -270,6 +277,30 @@ class Kernels:
         weights = self.weights.get(served.model.digest, target_kind(served.target)).for_kernel(manifest)
         library = self.artifacts.library_path(key)
         return self._open_engine(library, served.model.signature, served.target, weights), manifest
+
+    def hold(self, served: ServedModel, key: str, engine: Engine, nbytes: int) -> None:
+        """Cache an engine built outside the store (OpenVINO), counting the ``nbytes`` it holds."""
+        self.cache.put(self.cache_key(served, key), engine, nbytes)
+        self.metrics.set_cache_entries(entries=len(self.cache))
+
+    def drop(self, served: ServedModel, key: str) -> None:
+        self.cache.discard(self.cache_key(served, key))
+        self.metrics.set_cache_entries(entries=len(self.cache))
+
+    def _rebuild_openvino(self, served: ServedModel, key: str) -> Engine:
+        """OpenVINO for the bucket routed to it, built and verified again (evicted, or a restart)."""
+        with self._rebuilding:
+            engine = self.get(served, key)
+            if engine is not None:
+                return engine
+            bucket = next((b for b in list(served.buckets.values()) if b.key_for(OPENVINO) == key), None)
+            if self.openvino is None or bucket is None:
+                raise CompileError(f"openvino {key[:24]} is not built for any bucket of model {served.name!r}")
+            built = self.openvino.build(served, bucket)
+            if built.engine is None:
+                raise CompileError(built.failure or "openvino failed to build")
+            self.hold(served, key, built.engine, built.engine.nbytes)
+            return built.engine
 
     def loaded_keys(self) -> set[str]:
         """The store keys of the kernels held in memory (whichever versions' weights they run with)."""

@@ -45,9 +45,12 @@ class Router:
         self.models = models
         self.artifacts = artifacts
 
-    def route(self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine]) -> str:
+    def route(
+        self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine], *, unavailable: str | None = None
+    ) -> str:
         """Time ONNX Runtime and ``kernels`` as they serve a request of the bucket, serve it with the
-        chosen engine, persist.
+        chosen engine, persist. ``unavailable``: why an engine that might have been among them is not (the
+        bucket's reason keeps it).
 
         The request is a typical one of the bucket: ONNX Runtime runs it as sent, every kernel with
         its pad and cut-back. ``kernels`` are private instances, so a kernel serving live traffic
@@ -62,7 +65,7 @@ class Router:
         throughput = None
         concurrency = min(bucket.peak_concurrency, self.settings.inference_threads)
         if self.settings.routing == "compiled":
-            route = next((e for e in ("tvm-tuned", "tvm") if e in allowed), "onnxruntime")
+            route = next((e for e in ("tvm-tuned", "tvm", "openvino") if e in allowed), "onnxruntime")
         elif concurrency >= 2 and len(allowed) > 1:
             # Requests arrive side by side: one request's latency would favour a kernel that uses
             # every core over ONNX Runtime sessions that serve callers in parallel.
@@ -72,7 +75,7 @@ class Router:
             route = max(allowed, key=throughput.get)
         else:
             route = min(allowed, key=latency.get)
-        reason = "; ".join(refused.values()) or None
+        reason = "; ".join(([unavailable] if unavailable else []) + list(refused.values())) or None
         bucket.serve(route, latency, padded_error=errors, throughput_rps=throughput, reason=reason)
         self.metrics.record_routing(model=served.name, engine=route)
         log.info(
@@ -113,7 +116,7 @@ class Router:
         tolerance = served.planner.approximate_tolerance(bucket.bucket)
         errors, refused = {}, {}
         for name, engine in engines.items():
-            comparison = compare_outputs(engine.run(inputs), reference, rtol, atol)
+            comparison = compare_outputs(engine.run(inputs), reference, rtol, atol, steps=served.model.output_steps)
             errors[name] = comparison.max_abs_error
             if comparison.matches or (tolerance is not None and comparison.max_abs_error <= tolerance):
                 continue
@@ -173,6 +176,8 @@ class Router:
         known = served.record.buckets.get(bucket.label)
         if known is None or known.key != bucket.key or known.route is None:
             return False
+        if known.route == "openvino":
+            return False  # nothing of it is stored: built, verified and measured again
         bucket.set_tuning(known.tuning, tuned_key=known.tuned_key)
         routed_key = bucket.key_for(known.route)
         manifest = self.artifacts.get(routed_key) if routed_key else None

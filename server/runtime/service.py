@@ -36,6 +36,7 @@ from .inference import Inference, Job, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .memory_guard import MemoryGuard
 from .metrics import Metrics
+from .openvino_builds import OpenVinoBuilds
 from .records import ModelStore
 from .registry import Registry, ServedModel
 from .router import Router
@@ -76,7 +77,8 @@ class ModelService:
         cache = KernelCache(
             settings.kernel_cache_entries, settings.kernel_cache_bytes, on_evict=lambda _: metrics.record_eviction()
         )
-        self.kernels = Kernels(cache, self.artifacts, metrics, open_engine)
+        openvino = OpenVinoBuilds(settings, metrics, threads=kernel_threads or None)
+        self.kernels = Kernels(cache, self.artifacts, metrics, open_engine, openvino if openvino.enabled else None)
         self.registry = Registry(on_retire=self._release)
         self.explanations = Explanations(self.artifacts, settings.explain_profile_seconds, kernel_threads or None)
         self.router = Router(settings, metrics, self.models_store, self.artifacts)

@@ -133,7 +133,9 @@ class ShadowChecks:
             self.metrics.correctness.record_shadow_check(model=served.name, outcome="error")
             return None
         options = served.options
-        comparison = compare_outputs(sample.outputs, reference, options.rtol, options.atol)
+        comparison = compare_outputs(
+            sample.outputs, reference, options.rtol, options.atol, steps=served.model.output_steps
+        )
         tolerance = served.planner.approximate_tolerance(bucket.bucket)
         matched = comparison.matches or (tolerance is not None and comparison.max_abs_error <= tolerance)
         self.metrics.correctness.record_shadow_check(model=served.name, outcome="match" if matched else "mismatch")

@@ -142,6 +142,8 @@ class ServedBucket:
         self.padded_error: dict[str, float] = {}
         """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
+        self.openvino: dict | None = None
+        """OpenVINO's build for the bucket: its key, bytes and verification, or why it cannot serve."""
         self.tuning: TuningStatus | None = None
         self.attempts = 0
         """Compiles tried (retries included)."""
@@ -330,7 +332,8 @@ class ServedBucket:
         return self.key_for(self.route)
 
     def key_for(self, engine: str | None) -> str | None:
-        return {"tvm": self.key, "tvm-tuned": self.tuned_key}.get(engine or "")
+        openvino = (self.openvino or {}).get("key")
+        return {"tvm": self.key, "tvm-tuned": self.tuned_key, "openvino": openvino}.get(engine or "")
 
     def describe(self) -> dict:
         with self._lock:
@@ -348,6 +351,7 @@ class ServedBucket:
                 "demoted": dict(self.demoted),
                 "compile_seconds": self.compile_seconds,
                 "kernel": self.key,
+                "openvino": dict(self.openvino) if self.openvino else None,
                 "hits": self._hits,
                 "traffic": round(self.heat(time.monotonic()), 3),
                 "warm": self.warm,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,10 +16,11 @@ from tests import synthetic
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "compiler", *args], check=False, capture_output=True, text=True, cwd=REPO
-    )
+        [sys.executable, "-m", "compiler", *args], check=False, capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -93,7 +95,7 @@ def test_bench_prints_one_json_line_per_bucket_and_plots(two_input, tmp_path):
     plot = tmp_path / "ratios.png"
     shapes = ("--shape", "a=2,8", "--shape", "b=2,8", "--shape", "a=4,8", "--shape", "b=4,8")
     args = ("bench", str(two_input), *shapes, "--store", str(tmp_path / "kernels"), "--runs", "3")
-    result = cli(*args, "--tune-trials", "4", "--plot", str(plot))
+    result = cli(*args, "--tune-trials", "4", "--plot", str(plot), env={"JITSERVE_OPENVINO": "1"})
     assert result.returncode == 0, result.stderr
     # Only results on stdout: tuning's progress goes to stderr.
     lines = result.stdout.strip().splitlines()

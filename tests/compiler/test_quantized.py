@@ -11,8 +11,9 @@ import pytest
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
+from compiler.arrays import compare_outputs
 from compiler.model import load_model
-from compiler.quantized import integer_ops
+from compiler.quantized import integer_ops, output_steps
 from tests import convnets, synthetic
 
 
@@ -70,3 +71,35 @@ def test_float_models_and_weight_only_quantization_are_not():
     requantized.graph.initializer.append(zero)
     requantized.graph.node.insert(0, helper.make_node("QuantizeLinear", ["x", "w_scale", "x_zero"], ["x_int8"]))
     assert integer_ops(requantized) == ["QuantizeLinear"]
+
+
+def test_a_dequantized_output_has_its_quantization_step_and_a_float_one_none(tmp_path):
+    qdq = onnx.load_from_string(static_quantized_convnet(tmp_path, QuantFormat.QDQ))
+    scales = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    dequantize = next(n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
+    assert output_steps(qdq) == {"y": pytest.approx(float(scales[dequantize.input[1]]))}
+    # The dynamically quantized encoder computes in float after its last MatMulInteger (a LayerNorm ends it).
+    assert output_steps(onnx.load_from_string(dynamic_quantized_encoder(tmp_path))) == {}
+    assert output_steps(onnx.load_from_string(convnets.residual_model())) == {}
+
+
+def test_within_one_quantization_step_on_all_but_a_thousandth_of_elements():
+    rng = np.random.default_rng(0)
+    want = {"y": rng.standard_normal(10_000).astype(np.float32)}
+    step = 0.01
+
+    def off(count: int, steps: float) -> dict[str, np.ndarray]:
+        got = want["y"].copy()
+        got[:count] += steps * step
+        return {"y": got}
+
+    exact = compare_outputs(off(10_000, 1.0), want, 1e-3, 1e-4)
+    assert not exact.matches  # fp32's tolerance: one step everywhere is a wrong answer
+    everywhere = compare_outputs(off(10_000, 1.0), want, 1e-3, 1e-4, steps={"y": step})
+    assert everywhere.matches and "on 100.00% of elements" in everywhere.detail
+    assert compare_outputs(off(10, 2.0), want, 1e-3, 1e-4, steps={"y": step}).matches  # 0.1% may stray further
+    beyond = compare_outputs(off(11, 2.0), want, 1e-3, 1e-4, steps={"y": step})
+    assert not beyond.matches and "on 99.89% of elements" in beyond.detail
+    nan = off(0, 0.0)
+    nan["y"][0] = np.nan
+    assert not compare_outputs(nan, want, 1e-3, 1e-4, steps={"y": step}).matches

@@ -1,0 +1,103 @@
+"""OpenVINO as a third engine on a real server: built for a bucket as it is routed, verified against ONNX
+Runtime (within one quantization step on an int8 model's dequantized outputs), timed beside ONNX Runtime
+and TVM, and serving where it measured fastest; a model it cannot read, or that it answers differently,
+is served as without it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnxruntime.quantization import QuantFormat
+
+from compiler.engines import OrtEngine
+from compiler.model import load_model
+from tests import convnets
+from tests.compiler.test_quantized import dynamic_quantized_encoder, static_quantized_convnet
+from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.integration.test_serving import predict, settled_bucket, upload
+
+pytest.importorskip("openvino")
+
+IMAGES = {"axes": {"N": {"kind": "pow2", "min": 1, "max": 2}}, "warm_buckets": [{"x": [1, 3, 56, 56]}]}
+LABEL = "x=1x3x56x56"
+
+
+def _image(seed: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 3, 56, 56)).astype(np.float32)
+
+
+def test_three_engines_are_timed_and_the_fastest_verified_one_serves(tmp_path):
+    data = convnets.residual_model()
+    server = ServerProcess(tmp_path / "data", openvino=True, tuning_enabled=False).start()
+    try:
+        with server.client() as client:
+            assert upload(client, "res", data, IMAGES).status_code == 201
+            bucket = settled_bucket(client, "res", LABEL)
+            assert bucket["state"] == "ready", bucket
+            latency = bucket["latency_ms"]
+            assert set(latency) == {"onnxruntime", "tvm", "openvino"} and all(v > 0 for v in latency.values())
+            fastest = min(latency, key=latency.get)
+            assert bucket["engine"] == fastest
+            openvino = bucket["openvino"]
+            assert openvino["key"].startswith("openvino-") and openvino["bytes"] >= 0
+            assert openvino["verification"] == "ok" and openvino["build_seconds"] > 0
+            answer = predict(client, "res", _image())
+            assert answer["engine"] == fastest
+            want = OrtEngine(data).run({"x": _image()})["y"]
+            np.testing.assert_allclose(np.array(answer["outputs"]["y"], np.float32), want, rtol=1e-3, atol=1e-4)
+            text = client.get("/metrics").text
+            assert metric_value(text, "jitserve_compiles_total", model="res", tier="openvino", outcome="ok") == 1
+            assert metric_value(text, "jitserve_compiles_total", model="res", tier="tvm", outcome="ok") == 1
+            assert metric_value(text, "jitserve_routing_decisions_total", model="res", engine=fastest) == 1
+            # Whatever serves, the bucket holds one engine in the cache besides TVM's kernel: OpenVINO's
+            # build was let go if it lost. A delete leaves nothing.
+            held = metric_value(text, "jitserve_kernel_cache_entries")
+            assert held == (2 if fastest == "openvino" else 1)
+            assert client.delete("/models/res").status_code in (200, 204)
+            wait_until(lambda: metric_value(client.get("/metrics").text, "jitserve_kernel_cache_entries") == 0,
+                       timeout=30, what="the cache emptied by the delete")  # fmt: skip
+    finally:
+        server.stop()
+
+
+def test_int8_models_meet_openvino_with_no_tvm_compile(tmp_path):
+    """A static QDQ model: OpenVINO verifies within one quantization step and serves (routing ``compiled``
+    prefers a verified engine to ONNX Runtime). A dynamically quantized encoder: OpenVINO's int8 answers
+    differ beyond fp32's tolerance (no output of it is dequantized), so ONNX Runtime serves. A QOperator
+    model with ONNX Runtime's own ops: OpenVINO cannot read it, and ONNX Runtime serves as without it."""
+    qdq = static_quantized_convnet(tmp_path, QuantFormat.QDQ)
+    step = load_model(qdq, max_bytes=1 << 26).output_steps["y"]
+    server = ServerProcess(tmp_path / "data", openvino=True, routing="compiled", tuning_enabled=False).start()
+    try:
+        with server.client() as client:
+            assert upload(client, "qdq", qdq, IMAGES).status_code == 201
+            bucket = settled_bucket(client, "qdq", LABEL)
+            assert bucket["state"] == "ready" and bucket["engine"] == "openvino", bucket
+            assert set(bucket["latency_ms"]) == {"onnxruntime", "openvino"}
+            assert bucket["reason"].startswith("not compiled: a quantized graph (")
+            assert "within one quantization step" in bucket["openvino"]["verification"]
+            answer = predict(client, "qdq", _image())
+            assert answer["engine"] == "openvino"
+            got = np.array(answer["outputs"]["y"], np.float32)
+            want = OrtEngine(qdq).run({"x": _image()})["y"]
+            assert np.mean(np.abs(got - want) <= step * 1.001) >= 0.999
+
+            encoder = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 4}}, "warm_buckets": [{"x": [2, 16, 64]}]}
+            assert upload(client, "dyn", dynamic_quantized_encoder(tmp_path), encoder).status_code == 201
+            bucket = settled_bucket(client, "dyn", "x=2x16x64")
+            assert bucket["state"] == "failed", bucket
+            assert "onnxruntime serves it with its int8 kernels; openvino: verification against" in bucket["reason"]
+
+            qop = static_quantized_convnet(tmp_path, QuantFormat.QOperator)
+            assert upload(client, "qop", qop, IMAGES).status_code == 201
+            bucket = settled_bucket(client, "qop", LABEL)
+            assert bucket["state"] == "failed", bucket
+            assert "openvino: openvino cannot compile the model" in bucket["reason"]
+            assert "com.microsoft.QGemm" in bucket["reason"]
+            assert predict(client, "qop", _image())["engine"] == "onnxruntime"
+
+            text = client.get("/metrics").text
+            for model in ("qdq", "dyn", "qop"):
+                assert metric_value(text, "jitserve_compiles_total", model=model, tier="tvm") == 0
+    finally:
+        server.stop()
