@@ -77,7 +77,7 @@ def bench_bucket(
         facts[f"{tier}_unscheduled"] = manifest.unscheduled
     dtypes = {s.name: s.dtype for s in signature.inputs}
     if openvino and kind == "llvm":
-        openvino_engine, openvino_facts = _openvino(model, bucket, ort, options, threads=ort_threads, log=log)
+        openvino_engine, openvino_facts = _openvino(model, bucket, ort, options, store, threads=ort_threads, log=log)
         facts |= openvino_facts
         if openvino_engine is not None:
             engines["openvino"] = openvino_engine
@@ -94,14 +94,17 @@ def bench_bucket(
     }
 
 
-def _openvino(model, bucket, ort, options, *, threads, log) -> tuple[Engine | None, dict]:
+def _openvino(model, bucket, ort, options, store, *, threads, log) -> tuple[Engine | None, dict]:
     """OpenVINO built for the bucket and verified against ONNX Runtime (None where it did not verify), and
     the facts of it."""
     from .openvino_engine import OpenVinoEngine, verify_openvino
 
     started = time.perf_counter()
     try:
-        engine = OpenVinoEngine(model.data, dict(bucket), model.signature.output_names, threads=threads)
+        engine = OpenVinoEngine(
+            model.data, dict(bucket), model.signature.output_names, threads=threads,
+            ir_dir=store.staging_area.entry("openvino"),
+        )  # fmt: skip
     except JitServeError as exc:
         log(f"{bucket_label(bucket)} openvino: {exc}")
         return None, {"openvino_verified": False, "openvino_error": str(exc)}

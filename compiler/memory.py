@@ -9,7 +9,9 @@ of failing at the first probe or request with an allocation error.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
+import mmap
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,6 +34,23 @@ def anonymous_resident_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+def release_mapped_file_pages(prefix: str) -> int:
+    """Give back this process's resident pages of read-only shared mappings of files whose path starts with
+    ``prefix`` (a later read faults them in from the file again; nothing written is lost, as nothing can
+    be); returns the bytes of the mappings released."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    released = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[1] != "r--s" or not fields[5].startswith(prefix):
+            continue
+        low, high = (int(address, 16) for address in fields[0].split("-"))
+        if libc.madvise(low, high - low, mmap.MADV_DONTNEED) == 0:
+            released += high - low
+    return released
 
 
 def process_tree_resident_bytes() -> tuple[int, int]:

@@ -10,7 +10,9 @@ others. The ``openvino`` package is optional: :func:`openvino_available` says wh
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -18,7 +20,7 @@ from .arrays import compare_outputs, contiguous, random_inputs
 from .buckets import Bucket
 from .engines import OrtEngine
 from .errors import BadRequestError, CompileError
-from .memory import anonymous_resident_bytes
+from .memory import anonymous_resident_bytes, release_mapped_file_pages
 
 
 def openvino_available() -> bool:
@@ -34,7 +36,14 @@ def openvino_version() -> str:
 class OpenVinoEngine:
     """The model compiled by OpenVINO for ``shapes`` (one bucket's, every dim static), in fp32, with the
     latency hint and ``threads`` inference threads (OpenVINO's default where None). ``nbytes``: the
-    process's anonymous memory it took to build, its copy of the weights among it."""
+    process's memory it took to build, its copy of the weights among it.
+
+    With an ``ir_dir`` (a fresh path on a disk, not a tmpfs; removed once built), the model goes through
+    OpenVINO's own format there:
+    OpenVINO then maps the weights from that file instead of copying them, and once it has packed the
+    ones it packs, the mapped pages are given back (what it reads as they are, an embedding table, faults
+    in again as it is read). Measured on BERT-base (416 MiB of weights): 0.95x the weights resident,
+    against 1.85x read from the ONNX bytes, whose weights it keeps beside its packed ones."""
 
     name = "openvino"
 
@@ -45,11 +54,10 @@ class OpenVinoEngine:
         output_names: list[str],
         *,
         threads: int | None = None,
+        ir_dir: Path | None = None,
     ) -> None:
-        import openvino as ov  # optional: only where the engine is enabled and installed
-
         before = anonymous_resident_bytes()
-        self._compiled = _compile(ov.Core(), model_bytes, shapes, threads)
+        self._compiled = _compile(model_bytes, shapes, threads, ir_dir)
         self._request = self._compiled.create_infer_request()
         ports = {name: port for port in self._compiled.outputs for name in port.get_names()}
         missing = [name for name in output_names if name not in ports]
@@ -72,14 +80,31 @@ class OpenVinoEngine:
             return {name: results[port] for name, port in self._outputs}
 
 
-def _compile(core, model_bytes: bytes, shapes: dict[str, tuple[int, ...]], threads: int | None):
+def _compile(model_bytes: bytes, shapes: dict[str, tuple[int, ...]], threads: int | None, ir_dir: Path | None):
+    import openvino as ov  # optional: only where the engine is enabled and installed
+
+    core = ov.Core()
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
     try:
         model = core.read_model(model=model_bytes)
-        model.reshape({name: list(dims) for name, dims in shapes.items()})
-        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
-        if threads:
-            config["INFERENCE_NUM_THREADS"] = threads
-        return core.compile_model(model, "CPU", config)
+        if ir_dir is None:
+            model.reshape({name: list(dims) for name, dims in shapes.items()})
+            return core.compile_model(model, "CPU", config)
+        xml = Path(ir_dir) / "model.xml"
+        try:
+            xml.parent.mkdir(parents=True)
+            ov.save_model(model, str(xml), compress_to_fp16=False)
+            del model  # its copy of the weights: the one read from the file replaces it
+            model = core.read_model(str(xml))
+            model.reshape({name: list(dims) for name, dims in shapes.items()})
+            compiled = core.compile_model(model, "CPU", config)
+        finally:
+            shutil.rmtree(ir_dir, ignore_errors=True)
+        # Removed, the file stays mapped (read-only, shared) until the compiled model is dropped.
+        release_mapped_file_pages(f"{ir_dir}/")
+        return compiled
     except RuntimeError as exc:
         raise CompileError(f"openvino cannot compile the model: {_reason(exc)}") from None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from compiler.errors import JitServeError
 from compiler.openvino_engine import OpenVinoEngine, openvino_available, openvino_version, verify_openvino
+from compiler.store import StagingArea
 from compiler.target import target_kind
 
 from ..settings import Settings
@@ -39,8 +40,9 @@ class OpenVinoBuild:
 
 
 class OpenVinoBuilds:
-    def __init__(self, settings: Settings, metrics: Metrics, *, threads: int | None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, staging: StagingArea, *, threads: int | None) -> None:
         self.settings = settings
+        self.staging = staging
         self.metrics = metrics
         self.threads = threads
         self.enabled = settings.openvino and openvino_available()
@@ -81,7 +83,7 @@ class OpenVinoBuilds:
         try:
             engine = OpenVinoEngine(
                 served.model.read_bytes(), dict(bucket.bucket), served.model.signature.output_names,
-                threads=self.threads,
+                threads=self.threads, ir_dir=self.staging.entry("openvino"),
             )  # fmt: skip
             verified, detail = verify_openvino(
                 engine, served.ort, bucket.bucket, served.dtypes, rtol=options.rtol, atol=options.atol,

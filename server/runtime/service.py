@@ -77,7 +77,7 @@ class ModelService:
         cache = KernelCache(
             settings.kernel_cache_entries, settings.kernel_cache_bytes, on_evict=lambda _: metrics.record_eviction()
         )
-        openvino = OpenVinoBuilds(settings, metrics, threads=kernel_threads or None)
+        openvino = OpenVinoBuilds(settings, metrics, self.artifacts.staging_area, threads=kernel_threads or None)
         self.kernels = Kernels(cache, self.artifacts, metrics, open_engine, openvino if openvino.enabled else None)
         self.registry = Registry(on_retire=self._release)
         self.explanations = Explanations(self.artifacts, settings.explain_profile_seconds, kernel_threads or None)

@@ -3,6 +3,11 @@ in fp32, and refusing a request its bucket does not take."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -13,6 +18,8 @@ from compiler.model import load_model
 from compiler.openvino_engine import OpenVinoEngine, verify_openvino
 from tests import convnets, synthetic
 from tests.realmodels import REC, real_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 MODELS = {
     "PP-OCRv4 rec": (lambda: real_model(REC).read_bytes(), {"x": (2, 3, 48, 320)}),
@@ -65,3 +72,49 @@ def test_a_model_openvino_cannot_read_is_a_compile_error_not_a_crash():
     model.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(CompileError, match=r"openvino cannot compile the model: .*com\.example\.Frobnicate"):
         OpenVinoEngine(model.SerializeToString(), {"x": (2, 4)}, ["y"])
+
+
+MEMORY_CHILD = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from server.runtime.allocator import fix_mmap_threshold
+fix_mmap_threshold(1 << 20)  # the server's: a freed block goes back at once, so what is held shows
+from compiler.engines import OrtEngine
+from compiler.memory import anonymous_resident_bytes
+from compiler.model import load_model
+from compiler.openvino_engine import OpenVinoEngine, verify_openvino
+from tests import synthetic
+data = synthetic.bert_encoder_model(layers=4, hidden=768, heads=12, seq=128)
+model = load_model(data, max_bytes=1 << 30)
+reference = OrtEngine(data)
+ir = Path(sys.argv[1])
+# OpenVINO's runtime loaded once (its libraries' heap and thread pool): the same for every engine after.
+OpenVinoEngine(synthetic.add_model(), {"x": (2, 4)}, ["y"], ir_dir=ir)
+before = anonymous_resident_bytes()
+engine = OpenVinoEngine(data, {"x": (1, 128, 768)}, model.signature.output_names, ir_dir=ir)
+held = anonymous_resident_bytes() - before
+verified, detail = verify_openvino(engine, reference, {"x": (1, 128, 768)}, {"x": "float32"}, rtol=1e-3,
+                                   atol=1e-4, seed=0)
+print(json.dumps({"held": held, "weights": model.weight_bytes, "verified": verified, "detail": detail,
+                  "ir_left": ir.exists(), "nbytes": engine.nbytes}))
+"""
+
+
+def test_read_from_its_own_format_openvino_holds_one_copy_of_the_weights(tmp_path):
+    """Read from the ONNX bytes, OpenVINO keeps their weights beside its packed ones (measured 1.85x the
+    weights on BERT-base); read from its own format in a scratch directory, it maps them from the file and
+    the mapped pages are given back once packed. Past the runtime's own memory (loaded once, by a first
+    engine), this 108 MiB encoder's engine holds 1.21x its weights (2.12x read from the bytes); BERT-base's
+    0.84x."""
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "ir")], capture_output=True, text=True, check=False,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["verified"], facts["detail"]
+    assert not facts["ir_left"]  # the scratch directory is gone; the file lives on only as the mapping
+    assert facts["weights"] > 100 * 2**20
+    assert facts["held"] <= 1.3 * facts["weights"], facts
+    assert facts["nbytes"] == pytest.approx(facts["held"], rel=0.05), facts
