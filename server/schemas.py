@@ -18,9 +18,12 @@ class ErrorBody(BaseModel):
 
 class OpenVinoBuildDescription(BaseModel):
     key: str | None = Field(None, description="what it was built from; a shadow check's demotion keeps it off")
+    precision: str = Field(description="f32, or the reduced precision it runs in (bf16, f16, f16-weights)")
     build_seconds: float | None = None
     bytes: int | None = Field(None, description="memory it holds (its own copy of the weights), counted in the cache")
-    verification: str | None = Field(None, description="its comparison with onnxruntime on the bucket")
+    verification: str | None = Field(
+        None, description="its comparison with onnxruntime on the bucket: a reduced precision's measured error"
+    )
     failure: str | None = Field(None, description="why it cannot serve the bucket: not built, or not verified")
 
 
@@ -33,7 +36,10 @@ class Bucket(BaseModel):
     reason: str | None = Field(
         description="why it is in its state: why a cold bucket is not compiled yet, why a compile failed"
     )
-    engine: str = Field(description="the engine serving it: onnxruntime, tvm, tvm-tuned or openvino")
+    engine: str = Field(
+        description="the engine serving it: onnxruntime, tvm, tvm-tuned, openvino, or a reduced precision's "
+        "(openvino-bf16, openvino-f16, openvino-f16-weights) where the model's precision contract allows"
+    )
     latency_ms: dict[str, float] = Field(description="measured median latency per verified engine")
     routed_by: Literal["latency", "throughput"] = Field(
         "latency",
@@ -58,8 +64,10 @@ class Bucket(BaseModel):
         description="the key of the bucket's kernel in the store: the same for every version and model with this "
         "graph (weights are parameters), whether compiled yet or not"
     )
-    openvino: OpenVinoBuildDescription | None = Field(
-        None, description="OpenVINO's build for the bucket (where it is enabled): none before the bucket is routed"
+    openvino: dict[str, OpenVinoBuildDescription] | None = Field(
+        None,
+        description="per OpenVINO engine (openvino in fp32; openvino-bf16 and the like where the model's precision "
+        "contract allows), its build for the bucket: none before the bucket is routed, or where OpenVINO is off",
     )
     hits: int = Field(description="requests served from this bucket")
     traffic: float = Field(

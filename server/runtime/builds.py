@@ -135,8 +135,7 @@ class BucketBuilder:
                     return
                 candidates["tvm"] = self.kernels.open(served, bucket.key)
         openvino = self._openvino(served, bucket)
-        if openvino is not None:
-            candidates[OPENVINO] = openvino
+        candidates.update(openvino)
         if not candidates:
             if built is not None and built.outcome is None:
                 self._fail(served, bucket, built)  # a compile failure that may pass is retried
@@ -146,8 +145,9 @@ class BucketBuilder:
                 bucket.fail(self._with_openvino_failure(bucket, failure))
             return
         route = self.router.route(served, bucket, candidates, unavailable=failure)
-        if openvino is not None and route != OPENVINO:
-            self.kernels.drop(served, bucket.key_for(OPENVINO))  # measured slower: its memory goes back
+        for name in openvino:
+            if name != route:
+                self.kernels.drop(served, bucket.key_for(name))  # measured slower: its memory goes back
 
     def _compile_tvm(self, served: ServedModel, bucket: ServedBucket) -> TierBuild:
         """Compile (or find stored) and load the bucket's TVM kernel; the build carries why it cannot serve."""
@@ -173,23 +173,25 @@ class BucketBuilder:
             return dataclasses.replace(built, failure=str(exc))
         return built
 
-    def _openvino(self, served: ServedModel, bucket: ServedBucket) -> Engine | None:
-        """OpenVINO built, verified and held for the bucket where it is enabled; None where it is not, or
-        failed (the bucket says why)."""
+    def _openvino(self, served: ServedModel, bucket: ServedBucket) -> dict[str, Engine]:
+        """OpenVINO built, verified and held for the bucket where it is enabled, in fp32 and in each reduced
+        precision the model's contract allows; those that failed are left out (the bucket says why)."""
         openvino = self.kernels.openvino
         if openvino is None or not openvino.takes(served, bucket):
-            return None
-        built = openvino.build(served, bucket)
-        if built.engine is None:
-            return None
-        # In the cache before it may be routed to: a request that finds it routed finds it loaded.
-        self.kernels.hold(served, bucket.key_for(OPENVINO), built.engine, built.engine.nbytes)
-        return built.engine
+            return {}
+        engines = {}
+        for precision in openvino.precisions(served):
+            engine = openvino.build(served, bucket, precision).engine
+            if engine is not None:
+                # In the cache before it may be routed to: a request that finds it routed finds it loaded.
+                self.kernels.hold(served, bucket.key_for(engine.name), engine, engine.nbytes)
+                engines[engine.name] = engine
+        return engines
 
     @staticmethod
     def _with_openvino_failure(bucket: ServedBucket, failure: str) -> str:
-        openvino_failure = (bucket.openvino or {}).get("failure")
-        return f"{failure}; {openvino_failure}" if openvino_failure else failure
+        failures = [facts["failure"] for facts in (bucket.openvino or {}).values() if facts.get("failure")]
+        return "; ".join([failure, *failures])
 
     def tune(self, served: ServedModel, bucket: ServedBucket) -> float:
         """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
@@ -245,9 +247,10 @@ class BucketBuilder:
             tier: self.kernels.open(served, key)
             for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
         }
-        openvino = self.kernels.get(served, bucket.key_for(OPENVINO) or "")
-        if openvino is not None:  # built and held: it serves the bucket now, and is timed as it is
-            candidates[OPENVINO] = openvino
+        if bucket.route and bucket.route.startswith(OPENVINO):
+            openvino = self.kernels.get(served, bucket.key_for(bucket.route) or "")
+            if openvino is not None:  # built and held: it serves the bucket now, and is timed as it is
+                candidates[bucket.route] = openvino
         self.router.route(served, bucket, candidates)
         return built.seconds
 

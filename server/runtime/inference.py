@@ -328,7 +328,7 @@ class Inference:
             try:
                 engine = self.kernels.load(served, key)
             except JitServeError as exc:
-                if bucket.route != OPENVINO:
+                if not (bucket.route or "").startswith(OPENVINO):
                     raise
                 # Rebuilt after an eviction, it no longer builds or verifies: ONNX Runtime serves meanwhile.
                 bucket.evict(f"openvino rebuild failed: {exc}")

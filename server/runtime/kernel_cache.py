@@ -32,7 +32,7 @@ from compiler.weights import load_weights
 
 from .metrics import Metrics
 from .openvino_builds import KEY_PREFIX as OPENVINO_KEY_PREFIX
-from .openvino_builds import OPENVINO, OpenVinoBuilds
+from .openvino_builds import OpenVinoBuilds
 from .registry import ServedModel
 
 EngineOpener = Callable[[Path, Signature, dict, list], Engine]
@@ -293,10 +293,15 @@ class Kernels:
             engine = self.get(served, key)
             if engine is not None:
                 return engine
-            bucket = next((b for b in list(served.buckets.values()) if b.key_for(OPENVINO) == key), None)
-            if self.openvino is None or bucket is None:
+            found = [
+                (bucket, facts["precision"])
+                for bucket in list(served.buckets.values())
+                for facts in (bucket.openvino or {}).values()
+                if facts.get("key") == key
+            ]
+            if self.openvino is None or not found:
                 raise CompileError(f"openvino {key[:24]} is not built for any bucket of model {served.name!r}")
-            built = self.openvino.build(served, bucket)
+            built = self.openvino.build(served, *found[0])
             if built.engine is None:
                 raise CompileError(built.failure or "openvino failed to build")
             self.hold(served, key, built.engine, built.engine.nbytes)

@@ -14,7 +14,13 @@ import time
 from dataclasses import dataclass
 
 from compiler.errors import JitServeError
-from compiler.openvino_engine import OpenVinoEngine, openvino_available, openvino_version, verify_openvino
+from compiler.openvino_engine import (
+    OpenVinoEngine,
+    engine_name,
+    openvino_available,
+    openvino_version,
+    verify_openvino,
+)
 from compiler.store import StagingArea
 from compiler.target import target_kind
 
@@ -52,45 +58,64 @@ class OpenVinoBuilds:
         """Built for CPU buckets of static shapes (a dynamic bucket's kernel covers a range of sizes)."""
         return self.enabled and target_kind(served.target) == "llvm" and not bucket.symbolic
 
-    def key(self, served: ServedModel, bucket: ServedBucket) -> str:
-        """What its build is made of: the model version's bytes, the bucket, OpenVINO's version and its
-        threads. A shadow check's demotion keeps this key off the bucket."""
-        made_of = f"{served.record.digest} {bucket.label} {openvino_version()} {self.threads} f32"
+    @staticmethod
+    def precisions(served: ServedModel) -> list[str]:
+        """fp32, then each reduced precision the model's precision contract allows."""
+        contract = served.record.config.precision
+        return ["f32", *dict.fromkeys(contract.allow if contract else [])]
+
+    def key(self, served: ServedModel, bucket: ServedBucket, precision: str = "f32") -> str:
+        """What its build is made of: the model version's bytes, the bucket, OpenVINO's version, its threads
+        and precision (with the contract's budget it was verified within). A shadow check's demotion keeps
+        this key off the bucket."""
+        contract = served.record.config.precision
+        budget = contract.budget.model_dump_json() if contract and precision != "f32" else ""
+        made_of = f"{served.record.digest} {bucket.label} {openvino_version()} {self.threads} {precision} {budget}"
         return KEY_PREFIX + hashlib.sha256(made_of.encode()).hexdigest()
 
-    def build(self, served: ServedModel, bucket: ServedBucket) -> OpenVinoBuild:
-        """Build and verify OpenVINO for the bucket; the build is counted as the ``openvino`` tier's compile."""
+    def build(self, served: ServedModel, bucket: ServedBucket, precision: str = "f32") -> OpenVinoBuild:
+        """Build and verify OpenVINO in ``precision`` for the bucket (a reduced one within the contract's
+        budget); the build is counted as the compile of its engine's tier (``openvino``, ``openvino-bf16``)."""
+        name = engine_name(precision)
         started = time.perf_counter()
-        engine, detail, outcome = self._build(served, bucket)
+        engine, detail, outcome = self._build(served, bucket, precision)
         seconds = time.perf_counter() - started
-        self.metrics.record_compile(model=served.name, target="llvm", tier=OPENVINO, outcome=outcome, seconds=seconds)
+        self.metrics.record_compile(model=served.name, target="llvm", tier=name, outcome=outcome, seconds=seconds)
         if engine is None:
             log.warning("%s %s: %s", served.name, bucket.label, detail)
-            bucket.openvino = {"failure": detail}
+            bucket.openvino = {**(bucket.openvino or {}), name: {"precision": precision, "failure": detail}}
             return OpenVinoBuild(None, detail, seconds)
-        log.info("built openvino %s %s in %.1fs (%.0f MiB)", served.name, bucket.label, seconds, engine.nbytes / 2**20)
-        bucket.openvino = {
-            "key": self.key(served, bucket),
+        log.info("built %s %s %s in %.1fs (%.0f MiB)", name, served.name, bucket.label, seconds, engine.nbytes / 2**20)
+        facts = {
+            "key": self.key(served, bucket, precision),
+            "precision": precision,
             "build_seconds": round(seconds, 2),
             "bytes": engine.nbytes,
             "verification": detail,
         }
+        bucket.openvino = {**(bucket.openvino or {}), name: facts}
         return OpenVinoBuild(engine, None, seconds)
 
-    def _build(self, served: ServedModel, bucket: ServedBucket) -> tuple[OpenVinoEngine | None, str, str]:
+    def _build(
+        self, served: ServedModel, bucket: ServedBucket, precision: str
+    ) -> tuple[OpenVinoEngine | None, str, str]:
         """The verified engine (or None), the verification's detail (or why it failed), and the outcome."""
-        options = served.options
+        name, options = engine_name(precision), served.options
+        contract = served.record.config.precision
+        budget = contract.budget if contract and precision != "f32" else None
         try:
             engine = OpenVinoEngine(
                 served.model.read_bytes(), dict(bucket.bucket), served.model.signature.output_names,
-                threads=self.threads, ir_dir=self.staging.entry("openvino"),
+                threads=self.threads, ir_dir=self.staging.entry("openvino"), precision=precision,
             )  # fmt: skip
             verified, detail = verify_openvino(
                 engine, served.ort, bucket.bucket, served.dtypes, rtol=options.rtol, atol=options.atol,
                 seed=options.seed, index_limits=served.model.index_bounds.limits, steps=served.model.output_steps,
+                budget=budget,
             )  # fmt: skip
         except JitServeError as exc:
-            return None, f"openvino: {exc}", "error"
+            return None, f"{name}: {exc}", "error"
         if not verified:
-            return None, f"openvino: verification against onnxruntime: {detail}", "verify_failed"
+            against = "onnxruntime within the precision contract's budget" if budget else "onnxruntime"
+            return None, f"{name}: verification against {against}: {detail}", "verify_failed"
         return engine, detail, "ok"

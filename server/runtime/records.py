@@ -29,6 +29,7 @@ from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.errors import BadRequestError
 from compiler.model import model_digest
 from compiler.options import MAX_ATOL, MAX_RTOL
+from compiler.precision import PrecisionContract
 from compiler.store import StagingArea
 
 from .batcher import DynamicBatching
@@ -83,6 +84,11 @@ class ModelConfig(BaseModel):
     )
     dynamic_batching: DynamicBatching | None = Field(
         None, description="join concurrent requests along the batch axis into one run (off when absent)"
+    )
+    precision: PrecisionContract | None = Field(
+        None,
+        description="reduced precisions that may serve the model, and the accuracy budget they keep against "
+        "fp32 onnxruntime (absent: only fp32-exact engines serve)",
     )
 
     def policy_for(self, axis: str) -> AxisPolicy:

@@ -12,11 +12,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from compiler.arrays import Comparison, compare_outputs
 from compiler.buckets import AxisSafety, Bucket, BucketPlanner, bucket_label, is_symbolic
 from compiler.engines import OrtEngine
 from compiler.errors import NotFoundError
 from compiler.model import LoadedModel
 from compiler.options import CompileOptions
+from compiler.precision import compare_within_budget, reduced_precision
 
 from .batcher import DynamicBatcher
 from .records import ModelRecord
@@ -52,6 +56,16 @@ class ServedModel:
     @property
     def name(self) -> str:
         return self.record.name
+
+    def compare(self, engine: str, actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> Comparison:
+        """An engine's answers against ONNX Runtime's: a reduced-precision engine's within the precision
+        contract's budget; any other's within the verification tolerances (an int8 model's dequantized
+        outputs within one quantization step)."""
+        contract = self.record.config.precision
+        if contract is not None and reduced_precision(engine):
+            return compare_within_budget(actual, expected, contract.budget)
+        options = self.options
+        return compare_outputs(actual, expected, options.rtol, options.atol, steps=self.model.output_steps)
 
     @property
     def dtypes(self) -> dict[str, str]:

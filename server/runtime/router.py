@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from compiler.arrays import compare_outputs, random_inputs
+from compiler.arrays import random_inputs
 from compiler.buckets import BucketPlan, BucketPlanner, bucket_label
 from compiler.engines import Engine
 from compiler.padding import check_axis_padding
@@ -112,11 +112,10 @@ class Router:
         shapes = served.planner.most_padded_request(bucket.bucket)
         inputs, engines = self._serving(served, bucket, kernels, shapes)
         reference = served.ort.run(inputs)
-        rtol, atol = served.options.rtol, served.options.atol
         tolerance = served.planner.approximate_tolerance(bucket.bucket)
         errors, refused = {}, {}
         for name, engine in engines.items():
-            comparison = compare_outputs(engine.run(inputs), reference, rtol, atol, steps=served.model.output_steps)
+            comparison = served.compare(name, engine.run(inputs), reference)
             errors[name] = comparison.max_abs_error
             if comparison.matches or (tolerance is not None and comparison.max_abs_error <= tolerance):
                 continue

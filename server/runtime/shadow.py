@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.arrays import compare_outputs
-
 from ..settings import Settings
 from .metrics import Metrics
 from .priority import idle_thread_priority
@@ -132,10 +130,7 @@ class ShadowChecks:
             log.warning("shadow check of %s %s: onnxruntime failed: %s", served.name, bucket.label, exc)
             self.metrics.correctness.record_shadow_check(model=served.name, outcome="error")
             return None
-        options = served.options
-        comparison = compare_outputs(
-            sample.outputs, reference, options.rtol, options.atol, steps=served.model.output_steps
-        )
+        comparison = served.compare(sample.engine, sample.outputs, reference)
         tolerance = served.planner.approximate_tolerance(bucket.bucket)
         matched = comparison.matches or (tolerance is not None and comparison.max_abs_error <= tolerance)
         self.metrics.correctness.record_shadow_check(model=served.name, outcome="match" if matched else "mismatch")

@@ -142,8 +142,9 @@ class ServedBucket:
         self.padded_error: dict[str, float] = {}
         """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
-        self.openvino: dict | None = None
-        """OpenVINO's build for the bucket: its key, bytes and verification, or why it cannot serve."""
+        self.openvino: dict[str, dict] | None = None
+        """Per OpenVINO engine (``openvino``, and a reduced precision's): its build's key, bytes, precision and
+        verification, or why it cannot serve."""
         self.tuning: TuningStatus | None = None
         self.attempts = 0
         """Compiles tried (retries included)."""
@@ -332,8 +333,8 @@ class ServedBucket:
         return self.key_for(self.route)
 
     def key_for(self, engine: str | None) -> str | None:
-        openvino = (self.openvino or {}).get("key")
-        return {"tvm": self.key, "tvm-tuned": self.tuned_key, "openvino": openvino}.get(engine or "")
+        compiled = {"tvm": self.key, "tvm-tuned": self.tuned_key}.get(engine or "")
+        return compiled or ((self.openvino or {}).get(engine or "") or {}).get("key")
 
     def describe(self) -> dict:
         with self._lock:
@@ -351,7 +352,7 @@ class ServedBucket:
                 "demoted": dict(self.demoted),
                 "compile_seconds": self.compile_seconds,
                 "kernel": self.key,
-                "openvino": dict(self.openvino) if self.openvino else None,
+                "openvino": {engine: dict(facts) for engine, facts in self.openvino.items()} if self.openvino else None,
                 "hits": self._hits,
                 "traffic": round(self.heat(time.monotonic()), 3),
                 "warm": self.warm,

@@ -38,9 +38,11 @@ def test_three_engines_are_timed_and_the_fastest_verified_one_serves(tmp_path):
             assert set(latency) == {"onnxruntime", "tvm", "openvino"} and all(v > 0 for v in latency.values())
             fastest = min(latency, key=latency.get)
             assert bucket["engine"] == fastest
-            openvino = bucket["openvino"]
+            assert set(bucket["openvino"]) == {"openvino"}  # no precision contract: fp32 alone
+            openvino = bucket["openvino"]["openvino"]
             assert openvino["key"].startswith("openvino-") and openvino["bytes"] >= 0
             assert openvino["verification"] == "ok" and openvino["build_seconds"] > 0
+            assert openvino["precision"] == "f32"
             answer = predict(client, "res", _image())
             assert answer["engine"] == fastest
             want = OrtEngine(data).run({"x": _image()})["y"]
@@ -75,7 +77,7 @@ def test_int8_models_meet_openvino_with_no_tvm_compile(tmp_path):
             assert bucket["state"] == "ready" and bucket["engine"] == "openvino", bucket
             assert set(bucket["latency_ms"]) == {"onnxruntime", "openvino"}
             assert bucket["reason"].startswith("not compiled: a quantized graph (")
-            assert "within one quantization step" in bucket["openvino"]["verification"]
+            assert "within one quantization step" in bucket["openvino"]["openvino"]["verification"]
             answer = predict(client, "qdq", _image())
             assert answer["engine"] == "openvino"
             got = np.array(answer["outputs"]["y"], np.float32)
@@ -99,5 +101,46 @@ def test_int8_models_meet_openvino_with_no_tvm_compile(tmp_path):
             text = client.get("/metrics").text
             for model in ("qdq", "dyn", "qop"):
                 assert metric_value(text, "jitserve_compiles_total", model=model, tier="tvm") == 0
+    finally:
+        server.stop()
+
+
+def test_a_precision_contract_lets_a_reduced_precision_compete_within_its_budget(tmp_path):
+    """Two uploads of one convnet: one allows fp16-stored weights (and bf16) within a loose budget, the
+    other within a budget too tight for them. The first measures the reduced-precision engine beside the
+    rest; the second refuses it with the error it measured; bf16 where the CPU lacks it says so."""
+    data = convnets.residual_model()
+    loose = {"allow": ["f16-weights", "bf16"], "budget": {"cosine": 0.999, "atol": 0.05, "rtol": 0.05}}
+    tight = {"allow": ["f16-weights"], "budget": {"atol": 1e-7}}
+    server = ServerProcess(tmp_path / "data", openvino=True, tuning_enabled=False).start()
+    try:
+        with server.client() as client:
+            refused = upload(client, "bad", data, {**IMAGES, "precision": {"allow": ["int4"], "budget": {}}})
+            assert refused.status_code == 400 and "precision" in refused.json()["error"], refused.text
+
+            assert upload(client, "loose", data, {**IMAGES, "precision": loose}).status_code == 201
+            bucket = settled_bucket(client, "loose", LABEL)
+            assert bucket["state"] == "ready", bucket
+            assert set(bucket["latency_ms"]) == {"onnxruntime", "tvm", "openvino", "openvino-f16-weights"}
+            assert bucket["engine"] == min(bucket["latency_ms"], key=bucket["latency_ms"].get)
+            reduced = bucket["openvino"]["openvino-f16-weights"]
+            assert reduced["precision"] == "f16-weights" and reduced["key"] != bucket["openvino"]["openvino"]["key"]
+            assert reduced["verification"].startswith("within budget (") and "cosine" in reduced["verification"]
+            assert "padding gate" not in (bucket["reason"] or "")  # the gate judged it by the budget too
+            bf16 = bucket["openvino"]["openvino-bf16"]
+            assert ("failure" in bf16 and "bf16 needs a CPU with it" in bf16["failure"]) or bf16["key"]
+            answer = predict(client, "loose", _image())
+            assert answer["engine"] == bucket["engine"]
+            want = OrtEngine(data).run({"x": _image()})["y"]
+            np.testing.assert_allclose(np.array(answer["outputs"]["y"], np.float32), want, rtol=0.05, atol=0.05)
+
+            assert upload(client, "tight", data, {**IMAGES, "precision": tight}).status_code == 201
+            bucket = settled_bucket(client, "tight", LABEL)
+            assert set(bucket["latency_ms"]) == {"onnxruntime", "tvm", "openvino"}
+            failure = bucket["openvino"]["openvino-f16-weights"]["failure"]
+            assert "within the precision contract's budget" in failure and "beyond atol 1e-07" in failure
+            text = client.get("/metrics").text
+            assert metric_value(text, "jitserve_compiles_total", model="tight", tier="openvino-f16-weights",
+                                outcome="verify_failed") == 1  # fmt: skip
     finally:
         server.stop()
