@@ -87,13 +87,16 @@ class Explanations:
         """The bundle's index and profile, and the bucket's compile history (newest first)."""
         bucket, directory = self._directory(served, label)
         report, profile = read_bundle(directory)
+        described = bucket.describe()
         return {
             "model": served.name,
             "version": served.record.version,
             "bucket": label,
             "kernel": self._key(bucket),
             "state": bucket.state.value,
-            "engine": bucket.describe()["engine"],
+            "engine": described["engine"],
+            "latency_ms": described["latency_ms"],
+            "openvino": described["openvino"],
             "explain": report,
             "profile": profile,
             "history": [event.model_dump(mode="json") for event in reversed(bucket.history)],
@@ -104,7 +107,7 @@ class Explanations:
         report, profile = read_bundle(directory)
         axes = [{"name": axis, "policy": _axis_text(facts)} for axis, facts in served.describe()["axes"].items()]
         extra = {
-            "title": f"{served.name} v{served.record.version}: {label}",
+            "title": f"{served.name} v{served.record.version}: {label}, served by {bucket.describe()['engine']}",
             "axes": axes,
             "history": [event.model_dump(mode="json") for event in reversed(bucket.history)],
         }
