@@ -15,14 +15,28 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .arrays import Comparison
 
-ReducedPrecision = Literal["bf16", "f16", "f16-weights"]
+ReducedPrecision = Literal["bf16", "f16", "f16-weights", "int8"]
 """``bf16`` and ``f16``: arithmetic in that type (where the CPU has it: AMX, AVX512-BF16, AVX512-FP16);
-``f16-weights``: weights stored in fp16, arithmetic in fp32 (any CPU)."""
+``f16-weights``: weights stored in fp16, arithmetic in fp32 (any CPU); ``int8``: a quantized model's
+integer arithmetic on another engine than ONNX Runtime, whose roundings compound differently through a
+deep network (ResNet-50 QDQ: OpenVINO and ONNX Runtime int8 each at cosine 0.98 to the fp32 model, and
+0.987 to each other: 25 quantization steps apart on some logits)."""
 
 
 def reduced_precision(engine: str) -> str | None:
     """The reduced precision an engine runs in, by its name (``openvino-bf16``: bf16); None for fp32."""
     return next((p for p in ("f16-weights", "bf16", "f16") if engine.endswith(f"-{p}")), None)
+
+
+def budget_for(engine: str, contract: PrecisionContract | None, quantized: bool) -> AccuracyBudget | None:
+    """The budget ``engine`` is judged by against ONNX Runtime: the contract's for a reduced-precision
+    engine, and for any engine but ONNX Runtime on a quantized model whose contract allows ``int8``; None
+    (the verification tolerances) otherwise."""
+    if contract is None or engine == "onnxruntime":
+        return None
+    if reduced_precision(engine) or (quantized and "int8" in contract.allow):
+        return contract.budget
+    return None
 
 
 class AccuracyBudget(BaseModel):

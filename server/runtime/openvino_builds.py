@@ -21,6 +21,7 @@ from compiler.openvino_engine import (
     openvino_version,
     verify_openvino,
 )
+from compiler.precision import budget_for
 from compiler.store import StagingArea
 from compiler.target import target_kind
 
@@ -62,14 +63,15 @@ class OpenVinoBuilds:
     def precisions(served: ServedModel) -> list[str]:
         """fp32, then each reduced precision the model's precision contract allows."""
         contract = served.record.config.precision
-        return ["f32", *dict.fromkeys(contract.allow if contract else [])]
+        return ["f32", *dict.fromkeys(p for p in (contract.allow if contract else []) if p != "int8")]
 
     def key(self, served: ServedModel, bucket: ServedBucket, precision: str = "f32") -> str:
         """What its build is made of: the model version's bytes, the bucket, OpenVINO's version, its threads
         and precision (with the contract's budget it was verified within). A shadow check's demotion keeps
         this key off the bucket."""
         contract = served.record.config.precision
-        budget = contract.budget.model_dump_json() if contract and precision != "f32" else ""
+        budget = budget_for(engine_name(precision), contract, bool(served.model.integer_ops))
+        budget = budget.model_dump_json() if budget else ""
         made_of = f"{served.record.digest} {bucket.label} {openvino_version()} {self.threads} {precision} {budget}"
         return KEY_PREFIX + hashlib.sha256(made_of.encode()).hexdigest()
 
@@ -101,8 +103,7 @@ class OpenVinoBuilds:
     ) -> tuple[OpenVinoEngine | None, str, str]:
         """The verified engine (or None), the verification's detail (or why it failed), and the outcome."""
         name, options = engine_name(precision), served.options
-        contract = served.record.config.precision
-        budget = contract.budget if contract and precision != "f32" else None
+        budget = budget_for(name, served.record.config.precision, bool(served.model.integer_ops))
         try:
             engine = OpenVinoEngine(
                 served.model.read_bytes(), dict(bucket.bucket), served.model.signature.output_names,

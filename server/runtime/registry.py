@@ -20,7 +20,7 @@ from compiler.engines import OrtEngine
 from compiler.errors import NotFoundError
 from compiler.model import LoadedModel
 from compiler.options import CompileOptions
-from compiler.precision import compare_within_budget, reduced_precision
+from compiler.precision import budget_for, compare_within_budget
 
 from .batcher import DynamicBatcher
 from .records import ModelRecord
@@ -61,9 +61,9 @@ class ServedModel:
         """An engine's answers against ONNX Runtime's: a reduced-precision engine's within the precision
         contract's budget; any other's within the verification tolerances (an int8 model's dequantized
         outputs within one quantization step)."""
-        contract = self.record.config.precision
-        if contract is not None and reduced_precision(engine):
-            return compare_within_budget(actual, expected, contract.budget)
+        budget = budget_for(engine, self.record.config.precision, bool(self.model.integer_ops))
+        if budget is not None:
+            return compare_within_budget(actual, expected, budget)
         options = self.options
         return compare_outputs(actual, expected, options.rtol, options.atol, steps=self.model.output_steps)
 

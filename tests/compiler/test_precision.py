@@ -11,7 +11,13 @@ from pydantic import ValidationError
 from compiler.engines import OrtEngine
 from compiler.errors import CompileError
 from compiler.openvino_engine import OpenVinoEngine, missing_precision, openvino_capabilities, verify_openvino
-from compiler.precision import AccuracyBudget, PrecisionContract, compare_within_budget, reduced_precision
+from compiler.precision import (
+    AccuracyBudget,
+    PrecisionContract,
+    budget_for,
+    compare_within_budget,
+    reduced_precision,
+)
 from tests import convnets
 
 pytest.importorskip("openvino")
@@ -30,6 +36,14 @@ def test_a_budget_needs_a_bound_and_a_contract_a_known_precision():
     assert [reduced_precision(e) for e in ("openvino", "openvino-bf16", "openvino-f16-weights", "tvm")] == [
         None, "bf16", "f16-weights", None
     ]  # fmt: skip
+    contract = PrecisionContract(allow=["bf16"], budget={"cosine": 0.99})
+    assert budget_for("openvino-bf16", contract, quantized=False) is contract.budget
+    assert budget_for("openvino", contract, quantized=True) is None  # int8 not allowed: one step it is
+    assert budget_for("openvino-bf16", None, quantized=False) is None
+    int8 = PrecisionContract(allow=["int8"], budget={"cosine": 0.98})
+    assert budget_for("openvino", int8, quantized=True) is int8.budget
+    assert budget_for("openvino", int8, quantized=False) is None  # a float model: fp32-exact
+    assert budget_for("onnxruntime", int8, quantized=True) is None
 
 
 def test_each_bound_of_the_budget():

@@ -85,10 +85,17 @@ def test_int8_models_meet_openvino_with_no_tvm_compile(tmp_path):
             assert np.mean(np.abs(got - want) <= step * 1.001) >= 0.999
 
             encoder = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 4}}, "warm_buckets": [{"x": [2, 16, 64]}]}
-            assert upload(client, "dyn", dynamic_quantized_encoder(tmp_path), encoder).status_code == 201
+            dynamic = dynamic_quantized_encoder(tmp_path)
+            assert upload(client, "dyn", dynamic, encoder).status_code == 201
             bucket = settled_bucket(client, "dyn", "x=2x16x64")
             assert bucket["state"] == "failed", bucket
             assert "onnxruntime serves it with its int8 kernels; openvino: verification against" in bucket["reason"]
+            # Its owner's contract allows another engine's int8 within a budget: OpenVINO then competes.
+            contract = {"allow": ["int8"], "budget": {"cosine": 0.99}}
+            assert upload(client, "dyn-budget", dynamic, {**encoder, "precision": contract}).status_code == 201
+            bucket = settled_bucket(client, "dyn-budget", "x=2x16x64")
+            assert bucket["state"] == "ready" and bucket["engine"] == "openvino", bucket
+            assert bucket["openvino"]["openvino"]["verification"].startswith("within budget (")
 
             qop = static_quantized_convnet(tmp_path, QuantFormat.QOperator)
             assert upload(client, "qop", qop, IMAGES).status_code == 201
