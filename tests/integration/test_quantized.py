@@ -22,6 +22,8 @@ def test_a_quantized_models_buckets_are_not_compiled_and_onnxruntime_serves_them
             bucket = settled_bucket(client, "int8", "x=2x16x64")
             assert bucket["state"] == "failed"
             assert bucket["reason"].startswith("not compiled: a quantized graph (DynamicQuantizeLinear, MatMulInteger")
+            assert bucket["reason"].endswith("onnxruntime serves it with its int8 kernels")
+            assert bucket["openvino"] is None  # a server without OpenVINO (tests/conftest.py): as before it
             x = np.random.default_rng(3).standard_normal((2, 16, 64)).astype(np.float32)
             answer = predict(client, "int8", x)
             assert answer["engine"] == "onnxruntime"
