@@ -247,11 +247,12 @@ class BucketBuilder:
             tier: self.kernels.open(served, key)
             for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
         }
-        if bucket.route and bucket.route.startswith(OPENVINO):
-            openvino = self.kernels.get(served, bucket.key_for(bucket.route) or "")
-            if openvino is not None:  # built and held: it serves the bucket now, and is timed as it is
-                candidates[bucket.route] = openvino
-        self.router.route(served, bucket, candidates)
+        serving = bucket.route or ""
+        openvino = self.kernels.get(served, bucket.key_for(serving) or "") if serving.startswith(OPENVINO) else None
+        if openvino is not None:  # built and held: it serves the bucket now, and is timed as it is
+            candidates[serving] = openvino
+        if self.router.route(served, bucket, candidates) != serving and openvino is not None:
+            self.kernels.drop(served, bucket.key_for(serving))  # the tuned kernel won: its memory goes back
         return built.seconds
 
     def _fail(self, served: ServedModel, bucket: ServedBucket, built: TierBuild) -> None:
