@@ -39,8 +39,8 @@ def _add_bucket_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None, help="artifact store directory")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m compiler", description=__doc__)
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     inspect = commands.add_parser("inspect", help="print the signature and symbolic axes as JSON")
@@ -260,8 +260,8 @@ def _bench(args, settings) -> list[dict]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m compiler") -> int:
+    args = _parser(prog).parse_args(argv)
     from .options import CompileSettings
 
     try:

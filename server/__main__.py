@@ -1,19 +1,25 @@
-"""``python -m server``: run jitserve under uvicorn with settings from the environment."""
+"""``python -m server`` (and ``jitserve serve``): run jitserve under uvicorn, with settings from the
+environment (``JITSERVE_*``) and from flags (``--port 8080``: every setting is one, ``--help`` lists them)."""
 
 import logging
 import sys
 
 import uvicorn
+from pydantic import ValidationError
 
 from .app import create_app
 from .settings import Settings
 
 
-def main() -> int:
+def serve(argv: list[str], *, prog: str = "python -m server") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings()
     try:
+        settings = Settings(_cli_parse_args=argv, _cli_kebab_case=True, _cli_prog_name=prog)
         app = create_app(settings)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        print(f"error: {problems}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -40,4 +46,5 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1:]))
