@@ -21,7 +21,7 @@ MAX_ATOL = 1.0
 class CompileSettings(BaseSettings):
     """The settings the compiler reads; the server's settings extend this class."""
 
-    model_config = SettingsConfigDict(env_prefix="JITSERVE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="JITSERVE_", extra="ignore", use_attribute_docstrings=True)
 
     data_dir: Path = Path("data")
     """Root of the model store and the artifact store; survives restarts."""

@@ -44,7 +44,8 @@ class Metrics:
         counter, gauge, histogram = (partial(kind, registry=r) for kind in (Counter, Gauge, Histogram))
         self.compiles = counter(
             "jitserve_compiles_total",
-            "Kernel compiles by tier (tvm, tvm-tuned) and outcome (ok, verify_failed, error).",
+            "Kernel compiles by tier (tvm, tvm-tuned; openvino and its reduced precisions) and outcome "
+            "(ok, verify_failed, error).",
             ["model", "target", "tier", "outcome"],
         )
         self.unscheduled = counter(
