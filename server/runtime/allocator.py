@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import threading
 
 _libc = ctypes.CDLL(None)
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
@@ -24,6 +25,16 @@ def return_memory() -> None:
     trim = getattr(_libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def return_memory_now_and_after(delays: tuple[float, ...]) -> None:
+    """Hand freed memory back now, and again after each of ``delays`` seconds (what is still held for a
+    while, by requests in flight or work ending, is freed by then)."""
+    return_memory()
+    for seconds in delays:
+        timer = threading.Timer(seconds, return_memory)
+        timer.daemon = True
+        timer.start()
 
 
 def fix_mmap_threshold(size: int) -> bool:

@@ -77,7 +77,7 @@ class CompileAdmission:
         return self.settings.compile_hit_window_seconds
 
     def record_hit(self, bucket: ServedBucket) -> None:
-        bucket.record_hit(window=self.window)
+        bucket.traffic.record_hit(window=self.window)
 
     def established(self, served: ServedModel, bucket: ServedBucket | None) -> bool:
         """Traffic that has earned its place: a warm bucket, one with its kernel, or one on its way to
@@ -89,7 +89,7 @@ class CompileAdmission:
         if bucket.warm or bucket.state is BucketState.READY:
             return True
         now = time.monotonic()
-        if bucket.state is BucketState.COLD and not bucket.hits_within(
+        if bucket.state is BucketState.COLD and not bucket.traffic.hits_within(
             self.window, now, self.settings.compile_min_hits
         ):
             return False
@@ -99,7 +99,7 @@ class CompileAdmission:
     def note_sizes(self, served: ServedModel, bucket: ServedBucket, sizes: tuple) -> None:
         """A request's sizes of a dynamic bucket's symbolic dims: sizes it has not had before are new shapes
         (the first request's are the new bucket itself)."""
-        if bucket.first_time_size(sizes) and bucket.first_seen is not None:
+        if bucket.traffic.first_time_size(sizes) and bucket.traffic.first_seen is not None:
             with self._lock:
                 self._note_new_bucket(served, time.monotonic())
 
@@ -109,7 +109,7 @@ class CompileAdmission:
         if bucket.warm or not bucket.symbolic:
             return False
         now = time.monotonic()
-        if bucket.first_seen is not None and now - bucket.first_seen < SETTLE_SECONDS:
+        if bucket.traffic.first_seen is not None and now - bucket.traffic.first_seen < SETTLE_SECONDS:
             return True
         # Without the lock: the scheduler asks under its own, and consider() takes them the other way round.
         return self._is_storm(sum(1 for seen in tuple(served.new_buckets) if now - seen <= self.window))
@@ -122,8 +122,8 @@ class CompileAdmission:
         with self._lock:
             if bucket.state is not BucketState.COLD:
                 return
-            if bucket.first_seen is None:
-                bucket.first_seen = now
+            if bucket.traffic.first_seen is None:
+                bucket.traffic.first_seen = now
                 self._note_new_bucket(served, now)
             decision, reason, why = self._decide(served, bucket, now)
             if decision == "admitted" and reason != "restored":
@@ -155,7 +155,7 @@ class CompileAdmission:
         if bucket.warm:
             return "admitted", "warm", "admitted: a warm bucket"
         remembered = self._remembered(served, bucket)
-        if not remembered and not bucket.hits_within(self.window, now, s.compile_min_hits):
+        if not remembered and not bucket.traffic.hits_within(self.window, now, s.compile_min_hits):
             return (
                 "deferred",
                 "below_threshold",
@@ -193,8 +193,8 @@ class CompileAdmission:
         evictable = [b for b in holding if b.state is BucketState.READY]
         if not evictable:
             return False
-        coldest = min(evictable, key=lambda b: b.heat(now))
-        if coldest.heat(now) * EVICTION_MARGIN > bucket.heat(now) or not coldest.evict(
+        coldest = min(evictable, key=lambda b: b.traffic.heat(now))
+        if coldest.traffic.heat(now) * EVICTION_MARGIN > bucket.traffic.heat(now) or not coldest.evict(
             f"cold: evicted for the hotter bucket {bucket.label} (cap {self.settings.max_compiled_buckets})"
         ):
             return False

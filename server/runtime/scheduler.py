@@ -130,7 +130,7 @@ class CompileScheduler:
             if self._closed:
                 return None
             now = time.monotonic()
-            job = max(ready, key=lambda job: (job[1].warm, job[1].heat(now)))
+            job = max(ready, key=lambda job: (job[1].warm, job[1].traffic.heat(now)))
             self._queued.remove(job)
             self._running += 1
             return job

@@ -10,7 +10,6 @@ queue ordered by traffic, child processes below serving's priority).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,7 +25,7 @@ from compiler.worker import stop_children
 
 from ..settings import Settings
 from .admission import Admission
-from .allocator import fix_mmap_threshold, return_memory
+from .allocator import fix_mmap_threshold, return_memory, return_memory_now_and_after
 from .batcher import DynamicBatcher, DynamicBatching
 from .bodies import BodyBudget, BodyRoom, JsonParsers
 from .builds import BucketBuilder, CompileFunction
@@ -162,11 +161,7 @@ class ModelService:
         """A version deleted, replaced or unloaded: its kernels and weights go, and the memory goes back to
         the system now and once the requests still running on it have ended."""
         self.kernels.forget(served)
-        return_memory()
-        for seconds in RELEASE_AGAIN_SECONDS:
-            timer = threading.Timer(seconds, return_memory)
-            timer.daemon = True
-            timer.start()
+        return_memory_now_and_after(RELEASE_AGAIN_SECONDS)
 
     def close(self) -> None:
         """Shutdown: models retired first (a compile killed now records nothing), then compile and

@@ -103,6 +103,54 @@ MAX_SIZES_SEEN = 4096
 """Distinct request sizes a symbolic bucket remembers (a storm counts each once)."""
 
 
+class BucketTraffic:
+    """A bucket's requests: how many, how recent (compile admission's threshold, and the decaying heat that
+    orders compiles and evictions), and which sizes a symbolic bucket has had."""
+
+    def __init__(self) -> None:
+        self._hits = 0
+        self._recent_hits: deque[float] = deque(maxlen=RECENT_HITS_KEPT)
+        self._heat = 0.0
+        self._heat_at = 0.0
+        self._heat_window = 60.0
+        self.first_seen: float | None = None
+        """When compile admission first considered the bucket (monotonic seconds); None before."""
+        self._sizes_seen: set[tuple] = set()
+        self._lock = threading.Lock()
+
+    def first_time_size(self, sizes: tuple) -> bool:
+        """Whether a symbolic bucket has not had a request of these sizes before (each is a new shape to
+        a storm count, though no new compile). Counts up to ``MAX_SIZES_SEEN`` sizes."""
+        with self._lock:
+            if sizes in self._sizes_seen or len(self._sizes_seen) >= MAX_SIZES_SEEN:
+                return False
+            self._sizes_seen.add(sizes)
+            return True
+
+    def record_hit(self, now: float | None = None, *, window: float = 60.0) -> None:
+        """One request; ``window`` (seconds) is the time constant of the bucket's decaying traffic."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._hits += 1
+            self._recent_hits.append(now)
+            self._heat = self._heat * math.exp((self._heat_at - now) / window) + 1.0
+            self._heat_at, self._heat_window = now, window
+
+    @property
+    def hits(self) -> int:
+        return self._hits
+
+    def hits_within(self, seconds: float, now: float, at_least: int) -> bool:
+        """At least ``at_least`` hits in the last ``seconds`` (at most ``RECENT_HITS_KEPT`` are counted)."""
+        recent = self._recent_hits
+        return len(recent) >= at_least and now - recent[-at_least] <= seconds
+
+    def heat(self, now: float) -> float:
+        """Its recent traffic: hits, each decaying with the window's time constant. Orders compiles and
+        evictions."""
+        return self._heat * math.exp((self._heat_at - now) / self._heat_window)
+
+
 class ServedBucket:
     """One bucket of a served model: its state, route, measured latencies, tuning and hits."""
 
@@ -151,26 +199,10 @@ class ServedBucket:
         self._history: list[CompileEvent] = list(history or [])
         self.retry_in: float | None = None
         """Failed for a reason that may pass: seconds until its retry (None: no retry)."""
-        self._hits = 0
-        self._recent_hits: deque[float] = deque(maxlen=RECENT_HITS_KEPT)
-        self._heat = 0.0
-        self._heat_at = 0.0
-        self._heat_window = 60.0
-        self.first_seen: float | None = None
-        """When compile admission first considered it (monotonic seconds); None before."""
-        self._sizes_seen: set[tuple] = set()
+        self.traffic = BucketTraffic()
         self._recent_runs: deque[float] = deque(maxlen=RUN_WINDOW)
         self._run_floor_ms = math.inf
         self._lock = threading.Lock()
-
-    def first_time_size(self, sizes: tuple) -> bool:
-        """Whether a symbolic bucket has not had a request of these sizes before (each is a new shape to
-        a storm count, though no new compile). Counts up to ``MAX_SIZES_SEEN`` sizes."""
-        with self._lock:
-            if sizes in self._sizes_seen or len(self._sizes_seen) >= MAX_SIZES_SEEN:
-                return False
-            self._sizes_seen.add(sizes)
-            return True
 
     # -- transitions -----------------------------------------------------
 
@@ -279,29 +311,6 @@ class ServedBucket:
             with self._lock:
                 self.reason = reason
 
-    def record_hit(self, now: float | None = None, *, window: float = 60.0) -> None:
-        """One request; ``window`` (seconds) is the time constant of the bucket's decaying traffic."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            self._hits += 1
-            self._recent_hits.append(now)
-            self._heat = self._heat * math.exp((self._heat_at - now) / window) + 1.0
-            self._heat_at, self._heat_window = now, window
-
-    @property
-    def hits(self) -> int:
-        return self._hits
-
-    def hits_within(self, seconds: float, now: float, at_least: int) -> bool:
-        """At least ``at_least`` hits in the last ``seconds`` (at most ``RECENT_HITS_KEPT`` are counted)."""
-        recent = self._recent_hits
-        return len(recent) >= at_least and now - recent[-at_least] <= seconds
-
-    def heat(self, now: float) -> float:
-        """Its recent traffic: hits, each decaying with the window's time constant. Orders compiles and
-        evictions."""
-        return self._heat * math.exp((self._heat_at - now) / self._heat_window)
-
     def begin_run(self) -> None:
         """A request starts running (``observe_run`` ends it): counts how many run at once."""
         with self._lock:
@@ -353,8 +362,8 @@ class ServedBucket:
                 "compile_seconds": self.compile_seconds,
                 "kernel": self.key,
                 "openvino": {engine: dict(facts) for engine, facts in self.openvino.items()} if self.openvino else None,
-                "hits": self._hits,
-                "traffic": round(self.heat(time.monotonic()), 3),
+                "hits": self.traffic.hits,
+                "traffic": round(self.traffic.heat(time.monotonic()), 3),
                 "warm": self.warm,
                 "tuning": self.tuning.model_dump(mode="json") if self.tuning else None,
             }

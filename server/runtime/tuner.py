@@ -45,12 +45,12 @@ class BackgroundTuner:
                 for bucket in served.all_buckets()
                 if bucket.state is BucketState.READY
                 and bucket.tuning is None
-                and bucket.hits >= s.tune_min_hits
+                and bucket.traffic.hits >= s.tune_min_hits
                 and not bucket.symbolic
             ]
-            ready.sort(key=lambda bucket: bucket.hits, reverse=True)
+            ready.sort(key=lambda bucket: bucket.traffic.hits, reverse=True)
             found += [(served, bucket) for bucket in ready[: s.tune_top_buckets]]
-        found.sort(key=lambda pair: pair[1].hits, reverse=True)
+        found.sort(key=lambda pair: pair[1].traffic.hits, reverse=True)
         return found
 
     def _run(self) -> None:
@@ -63,7 +63,7 @@ class BackgroundTuner:
             served, bucket = picked[0]
             if served.retired:
                 continue
-            log.info("tuning %s %s (%d hits)", served.name, bucket.label, bucket.hits)
+            log.info("tuning %s %s (%d hits)", served.name, bucket.label, bucket.traffic.hits)
             try:
                 self.spent_seconds += self._tune(served, bucket)
             except Exception:  # the tuner must survive any one bucket

@@ -139,14 +139,14 @@ def test_hits_are_not_lost_under_concurrency():
 
     def hit():
         for _ in range(20_000):
-            bucket.record_hit()
+            bucket.traffic.record_hit()
 
     threads = [threading.Thread(target=hit) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert bucket.hits == 160_000
+    assert bucket.traffic.hits == 160_000
     assert bucket.describe()["hits"] == 160_000
 
 
@@ -182,21 +182,21 @@ def test_eviction_sends_a_ready_bucket_back_to_cold_and_nothing_else():
 def test_hits_within_a_sliding_window():
     bucket = bucket_in(BucketState.COLD)
     for at in (0.0, 10.0, 50.0):
-        bucket.record_hit(at, window=60)
-    assert bucket.hits_within(60, 59.0, 3) is True
-    assert bucket.hits_within(60, 61.0, 3) is False  # the first hit left the window
-    assert bucket.hits_within(60, 61.0, 2) is True
-    assert bucket.hits_within(60, 59.0, 4) is False
+        bucket.traffic.record_hit(at, window=60)
+    assert bucket.traffic.hits_within(60, 59.0, 3) is True
+    assert bucket.traffic.hits_within(60, 61.0, 3) is False  # the first hit left the window
+    assert bucket.traffic.hits_within(60, 61.0, 2) is True
+    assert bucket.traffic.hits_within(60, 59.0, 4) is False
 
 
 def test_traffic_decays_with_the_window():
     busy, quiet = bucket_in(BucketState.COLD), bucket_in(BucketState.COLD)
     for at in range(10):
-        busy.record_hit(float(at), window=60)
-    quiet.record_hit(9.0, window=60)
-    assert busy.heat(9.0) > 8 and quiet.heat(9.0) == 1.0
-    assert busy.heat(9.0 + 60) == pytest.approx(busy.heat(9.0) / 2.718281828, rel=1e-6)
-    assert busy.heat(600.0) < quiet.heat(9.0)
+        busy.traffic.record_hit(float(at), window=60)
+    quiet.traffic.record_hit(9.0, window=60)
+    assert busy.traffic.heat(9.0) > 8 and quiet.traffic.heat(9.0) == 1.0
+    assert busy.traffic.heat(9.0 + 60) == pytest.approx(busy.traffic.heat(9.0) / 2.718281828, rel=1e-6)
+    assert busy.traffic.heat(600.0) < quiet.traffic.heat(9.0)
 
 
 def test_peak_concurrency_counts_requests_running_at_once_and_failed_runs_end_too():
