@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from compiler.errors import BadRequestError, JitServeError
+from compiler.errors import BadRequestError
 from compiler.upload import remove_upload
 
 from .auth import require_admin
 from .body import WireResponse, declared_size, json_bytes, read_limited, receive_upload, server_timing
-from .runtime.inference import Job
+from .runtime.bodies import JsonParsers
+from .runtime.inference import Prediction
+from .runtime.registry import ServedModel
+from .runtime.requests import Lookup
 from .runtime.service import ModelService
 from .schemas import (
     Health,
@@ -103,35 +108,42 @@ async def delete_model(name: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-def _prepare_json(service: ModelService, parsed: dict, name: str | None) -> Job:
-    """A parsed ``/predict`` body planned; a refusal is counted under the model it names."""
-    try:
-        if name is None:
-            name = parsed.get("model")
-            if not isinstance(name, str):
+class PredictCodec:
+    """``/predict``'s JSON: ``{"model": NAME, "inputs": {INPUT: nested list}}`` (``/models/{name}/predict``:
+    the model in the URL), answered ``{"model", "version", "outputs", "engine", "bucket"}``."""
+
+    def __init__(self, request: Request, model: str | None) -> None:
+        self.request = request
+        self.model = model
+        self.limit = request.app.state.settings.max_predict_bytes
+        self.size = declared_size(request, self.limit)
+
+    async def read(self, parsers: JsonParsers) -> tuple[int, dict]:
+        body = await read_limited(self.request, self.limit)
+        return len(body), await parsers.parse(body)
+
+    @staticmethod
+    def decode_work(body: tuple[int, dict]) -> int:
+        return body[0]
+
+    def decode(self, body: tuple[int, dict], lookup: Lookup) -> tuple[ServedModel, Any, None]:
+        parsed = body[1]
+        if self.model is None:
+            named = parsed.get("model")
+            if not isinstance(named, str):
                 raise BadRequestError("missing 'model': the name of the model to run")
+            self.model = named
         if "inputs" not in parsed:
             raise BadRequestError("missing 'inputs': an object of input name -> nested list")
-        return service.prepare(name, parsed["inputs"])
-    except JitServeError as exc:
-        service.reject_request(name, exc)
-        raise
+        return lookup(self.model, None), parsed["inputs"], None
+
+    @staticmethod
+    def encode(prediction: Prediction, _context: None) -> bytes:
+        return json_bytes(prediction.body())
 
 
 async def predict_request(request: Request, name: str | None) -> Response:
-    service = service_of(request)
-    limit = request.app.state.settings.max_predict_bytes
-    async with service.body_room(declared_size(request, limit), name):
-        try:
-            body = await read_limited(request, limit)
-            parsed = await service.parse_json(body)
-        except JitServeError as exc:
-            service.reject_request(name, exc)
-            raise
-        job = await service.off_loop(len(body), _prepare_json, service, parsed, name, model=name)
-        del body, parsed
-        prediction = await service.run(job)
-        content = await service.off_loop(prediction.nbytes, json_bytes, prediction.body())
+    content, prediction = await service_of(request).infer(PredictCodec(request, name))
     return WireResponse(content, b"application/json", [server_timing(prediction)])
 
 

@@ -8,16 +8,15 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from compiler.errors import JitServeError
-
 from .auth import require_admin
 from .body import WireResponse, declared_size, read_limited, server_timing
 from .oip import model_metadata as model_metadata_body
 from .oip import served_version
 from .oip import server_metadata as server_metadata_body
 from .routes import service_of
-from .runtime.inference import Job
-from .runtime.service import ModelService
+from .runtime.inference import Prediction
+from .runtime.registry import ServedModel
+from .runtime.requests import Lookup
 from .schemas import (
     V2InferRequest,
     V2InferResponse,
@@ -94,42 +93,41 @@ INFER = {
 }
 
 
+class V2InferCodec:
+    """The Open Inference Protocol's infer body over REST: JSON tensors, or a JSON header followed by binary
+    tensors (the binary tensor data extension), decoded by the model's signature; answered alike."""
+
+    def __init__(self, request: Request, model: str, version: str | None) -> None:
+        self.request = request
+        self.model = model
+        self.version = version
+        self.limit = request.app.state.settings.max_infer_bytes
+        self.size = declared_size(request, self.limit)
+        self.header = request.headers.get(HEADER_LENGTH)
+
+    async def read(self, _parsers) -> bytes:
+        return await read_limited(self.request, self.limit)
+
+    def decode_work(self, body: bytes) -> int:
+        # Binary tensors cost nothing to decode (frombuffer): only the JSON part counts.
+        header = self.header
+        return int(header) if header is not None and header.isdigit() else len(body)
+
+    def decode(self, body: bytes, lookup: Lookup) -> tuple[ServedModel, dict, InferRequest]:
+        served = lookup(self.model, self.version)
+        decoded = decode_request(body, self.header, served.model.signature)
+        return served, decoded.inputs, decoded
+
+    @staticmethod
+    def encode(prediction: Prediction, decoded: InferRequest) -> tuple[bytes, bytes, list]:
+        return encode_response(prediction.model, prediction.version, decoded, prediction.outputs)
+
+
 @router.post("/models/{name}/infer", **INFER)
 @router.post("/models/{name}/versions/{version}/infer", **INFER)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
-    service = service_of(request)
-    limit = request.app.state.settings.max_infer_bytes
-    try:
-        signature = served_version(service, name, version).model.signature
-    except JitServeError as exc:
-        service.reject_request(name, exc)
-        raise
-    async with service.body_room(declared_size(request, limit), name):
-        try:
-            body = await read_limited(request, limit)
-        except JitServeError as exc:
-            service.reject_request(name, exc)
-            raise
-        header = request.headers.get(HEADER_LENGTH)
-        # Binary tensors cost nothing to decode (frombuffer): only the JSON part counts.
-        json_size = int(header) if header is not None and header.isdigit() else len(body)
-        decoded, job = await service.off_loop(json_size, _prepare, service, name, body, header, signature, model=name)
-        del body
-        prediction = await service.run(job)
-        content, content_type, headers = await service.off_loop(
-            prediction.nbytes, encode_response, prediction.model, prediction.version, decoded, prediction.outputs
-        )
+    (content, content_type, headers), prediction = await service_of(request).infer(V2InferCodec(request, name, version))
     return WireResponse(content, content_type, [*headers, server_timing(prediction)])
-
-
-def _prepare(service: ModelService, name: str, body: bytes, header: str | None, signature) -> tuple[InferRequest, Job]:
-    """An infer body decoded, parsed and planned; a refusal is counted."""
-    try:
-        decoded = decode_request(body, header, signature)
-        return decoded, service.prepare(name, decoded.inputs)
-    except JitServeError as exc:
-        service.reject_request(name, exc)
-        raise
 
 
 # -- model repository extension: the stored models, loaded and unloaded under the admin token

@@ -13,12 +13,13 @@ from typing import Any
 import grpc
 
 from compiler.errors import BadRequestError, JitServeError, NotFoundError
-from compiler.signature import Signature
 
 from ..auth import check_admin
 from ..oip import model_metadata, served_version, server_metadata
-from ..runtime.inference import PROTOCOL
+from ..runtime.inference import PROTOCOL, Prediction
 from ..runtime.metrics import Metrics
+from ..runtime.registry import ServedModel
+from ..runtime.requests import Lookup
 from ..runtime.service import ModelService
 from ..v2_codec import InferRequest
 from . import messages as pb
@@ -47,6 +48,34 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
     request_id = uuid.uuid4().hex[:16]
     log.error("unhandled error in a gRPC call (request id %s)", request_id, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__} (request id {request_id})"
+
+
+class GrpcInferCodec:
+    """The Open Inference Protocol's ``ModelInfer`` message: typed or raw tensor contents, decoded by the
+    model's signature; answered the way it asked (raw contents for a raw request)."""
+
+    def __init__(self, request: pb.ModelInferRequest) -> None:
+        self.request = request
+        self.model = request.model_name
+        self.size = request.ByteSize()
+
+    async def read(self, _parsers) -> pb.ModelInferRequest:
+        return self.request  # gRPC has read it already
+
+    @staticmethod
+    def decode_work(request: pb.ModelInferRequest) -> int:
+        # Raw contents cost a copy to decode; typed ones a Python conversion per value (off the loop when many).
+        return typed_elements(request) * 8
+
+    @staticmethod
+    def decode(request: pb.ModelInferRequest, lookup: Lookup) -> tuple[ServedModel, dict, InferRequest]:
+        served = lookup(request.model_name, request.model_version or None)
+        decoded = decode_request(request, served.model.signature)
+        return served, decoded.inputs, decoded
+
+    def encode(self, prediction: Prediction, decoded: InferRequest) -> pb.ModelInferResponse:
+        raw = bool(self.request.raw_input_contents)
+        return encode_response(prediction.model, prediction.version, decoded, prediction.outputs, raw=raw)
 
 
 Call = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -122,34 +151,8 @@ class InferenceServicer:
 
     @rpc
     async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
-        service, name = self.service, request.model_name
-        try:
-            signature = served_version(service, name, request.model_version or None).model.signature
-        except JitServeError as exc:
-            service.reject_request(name, exc)
-            raise
-        # Raw contents cost a copy to decode; typed ones a Python conversion per value (off the loop when many).
-        async with service.body_room(request.ByteSize(), name):
-            work = typed_elements(request) * 8
-            decoded, job = await service.off_loop(work, self._prepare, name, request, signature, model=name)
-            prediction = await service.run(job)
-            return await service.off_loop(
-                prediction.nbytes,
-                functools.partial(encode_response, raw=bool(request.raw_input_contents)),
-                prediction.model,
-                prediction.version,
-                decoded,
-                prediction.outputs,
-            )
-
-    def _prepare(self, name: str, request: pb.ModelInferRequest, signature: Signature) -> tuple[InferRequest, Any]:
-        """A request decoded and planned; a refusal is counted."""
-        try:
-            decoded = decode_request(request, signature)
-            return decoded, self.service.prepare(name, decoded.inputs)
-        except JitServeError as exc:
-            self.service.reject_request(name, exc)
-            raise
+        response, _ = await self.service.infer(GrpcInferCodec(request))
+        return response
 
     # -- the model repository extension, under the admin token
 

@@ -10,7 +10,6 @@ queue ordered by traffic, child processes below serving's priority).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,17 +26,18 @@ from ..settings import Settings
 from .admission import Admission
 from .allocator import fix_mmap_threshold, return_memory, return_memory_now_and_after
 from .batcher import DynamicBatcher, DynamicBatching
-from .bodies import BodyBudget, BodyRoom, JsonParsers
+from .bodies import BodyBudget, JsonParsers
 from .builds import BucketBuilder, CompileFunction
 from .compile_admission import CompileAdmission
 from .explain import Explanations
-from .inference import Inference, Job, Prediction
+from .inference import Inference, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .memory_guard import MemoryGuard
 from .metrics import Metrics
 from .openvino_builds import OpenVinoBuilds
 from .records import ModelStore
 from .registry import Registry, ServedModel
+from .requests import Codec, RequestPath
 from .router import Router
 from .scheduler import CompileScheduler
 from .shadow import ShadowChecks
@@ -51,10 +51,6 @@ RELEASE_AGAIN_SECONDS = (2.0, 10.0)
 """A retired version's memory is handed back again these long after: once requests in flight, then work
 still holding the version (a routing timing, a compile's end), are done."""
 log = logging.getLogger("jitserve")
-
-INLINE_WORK_BYTES = 32 * 1024
-"""Request bodies (or V2 JSON headers) up to this size are decoded on the event loop, and responses
-encoded there; bigger ones on the inference pool, so that a large tensor never stalls other requests."""
 
 
 class ModelService:
@@ -130,8 +126,9 @@ class ModelService:
             in_use=self.kernels.loaded_keys,
             metrics=metrics,
         )
-        self.body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
         self.json_parsers = JsonParsers(settings.json_parse_processes)
+        body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
+        self.requests = RequestPath(self.registry, self.inference, body_budget, self.json_parsers)
         self._startup_models: set[tuple[str, int]] = set()
         """(name, version) of the models served at start, whose warm buckets gate readiness."""
 
@@ -268,42 +265,18 @@ class ModelService:
 
     # -- predictions -----------------------------------------------------
 
-    async def off_loop(self, size: int, function: Callable[..., T], *args: Any, model: str | None = None) -> T:
-        """Decode a request or encode a response: on the event loop when ``size`` (the bytes it handles)
-        is small, else on the inference pool (a full pool is counted for ``model``)."""
-        if size <= INLINE_WORK_BYTES:
-            return function(*args)
-        return await self.inference.offload(function, *args, model=model)
-
-    def body_room(self, size: int, model: str | None) -> BodyRoom:
-        """``async with``: room for a ``size``-byte request body in the budget, held until its response is
-        ready; a refusal (503 past the wait) is counted for ``model``."""
-        return BodyRoom(self.body_budget, size, lambda exc: self.reject_request(model, exc))
-
-    async def parse_json(self, body: bytes) -> dict[str, Any]:
-        """A JSON object body; a large one parsed in a child process, its tensors as arrays."""
-        return await self.json_parsers.parse(body)
-
-    def prepare(self, name: str, inputs: Any) -> Job:
-        """A request for model ``name`` parsed and planned: 404 or 400 naming what is wrong."""
-        return self.inference.prepare(self.registry.get(name), inputs)
-
-    async def run(self, job: Job) -> Prediction:
-        """Run a prepared request: batched, on the event loop or on the inference pool."""
-        return await self.inference.run(job)
+    async def infer(self, codec: Codec) -> tuple[Any, Prediction]:
+        """A protocol's request, whole: the one way a request enters the runtime (:mod:`.requests`)."""
+        return await self.requests.infer(codec)
 
     def predict(self, name: str, inputs: Any) -> Prediction:
         """Prepare and run a request in the calling thread."""
         try:
-            job = self.prepare(name, inputs)
+            job = self.inference.prepare(self.registry.get(name), inputs)
         except JitServeError as exc:
-            self.reject_request(name, exc)
+            self.inference.reject(name, exc)
             raise
         return self.inference.execute(job)
-
-    def reject_request(self, name: str | None, error: JitServeError) -> None:
-        """Count a prediction refused before it ran (bad body, bad inputs, full queue)."""
-        self.inference.reject(name, error)
 
 
 def start_batcher(

@@ -31,8 +31,8 @@ class PolicyProbe:
 
 
 def run(service, n: int) -> str:
-    job = service.prepare("m", {"x": np.ones((n, 4), dtype=np.float32).tolist()})
-    return asyncio.run(service.run(job)).engine
+    job = service.inference.prepare(service.get("m"), {"x": np.ones((n, 4), dtype=np.float32).tolist()})
+    return asyncio.run(service.inference.run(job)).engine
 
 
 def cold_lane_count(service) -> float:
