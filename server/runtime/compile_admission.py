@@ -55,6 +55,24 @@ EVICTION_MARGIN = 2.0
 """A bucket evicts the coldest compiled one only when this many times hotter: no thrashing between equals."""
 
 
+def compile_held(settings: Settings, served: ServedModel, bucket: ServedBucket) -> bool:
+    """Whether a queued compile waits (the scheduler's ``hold``): a dynamic bucket's, until
+    ``SETTLE_SECONDS`` after its first request (a storm shows by then) and while its model is in a storm.
+    Reads no admission state under a lock: the scheduler asks under its own."""
+    if bucket.warm or not bucket.symbolic:
+        return False
+    now = time.monotonic()
+    if bucket.traffic.first_seen is not None and now - bucket.traffic.first_seen < SETTLE_SECONDS:
+        return True
+    window = settings.compile_hit_window_seconds
+    return is_storm(settings, sum(1 for seen in tuple(served.new_buckets) if now - seen <= window))
+
+
+def is_storm(settings: Settings, new_buckets: int) -> bool:
+    """More new shapes within the window than ``storm_new_buckets``."""
+    return new_buckets > settings.storm_new_buckets
+
+
 class CompileAdmission:
     def __init__(
         self,
@@ -102,17 +120,6 @@ class CompileAdmission:
         if bucket.traffic.first_time_size(sizes) and bucket.traffic.first_seen is not None:
             with self._lock:
                 self._note_new_bucket(served, time.monotonic())
-
-    def holds(self, served: ServedModel, bucket: ServedBucket) -> bool:
-        """Whether a queued compile waits: a dynamic bucket's, until ``SETTLE_SECONDS`` after its first
-        request (a storm shows by then) and while its model is in a storm."""
-        if bucket.warm or not bucket.symbolic:
-            return False
-        now = time.monotonic()
-        if bucket.traffic.first_seen is not None and now - bucket.traffic.first_seen < SETTLE_SECONDS:
-            return True
-        # Without the lock: the scheduler asks under its own, and consider() takes them the other way round.
-        return self._is_storm(sum(1 for seen in tuple(served.new_buckets) if now - seen <= self.window))
 
     def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
@@ -219,7 +226,7 @@ class CompileAdmission:
         return new_buckets, storm
 
     def _is_storm(self, new_buckets: int) -> bool:
-        return new_buckets > self.settings.storm_new_buckets
+        return is_storm(self.settings, new_buckets)
 
     def _note_new_bucket(self, served: ServedModel, now: float) -> None:
         served.new_buckets.append(now)

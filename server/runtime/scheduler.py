@@ -28,7 +28,13 @@ Job = tuple[ServedModel, ServedBucket]
 
 class CompileScheduler:
     def __init__(
-        self, workers: int, queue_size: int, metrics: Metrics, run: Callable[[ServedModel, ServedBucket], None]
+        self,
+        workers: int,
+        queue_size: int,
+        metrics: Metrics,
+        run: Callable[[ServedModel, ServedBucket], None],
+        *,
+        hold: Callable[[ServedModel, ServedBucket], bool] = lambda _served, _bucket: False,
     ) -> None:
         self.workers = workers
         self.metrics = metrics
@@ -39,7 +45,7 @@ class CompileScheduler:
         self._closed = False
         self._changed = threading.Condition()
         self._threads: list[threading.Thread] = []
-        self.hold: Callable[[ServedModel, ServedBucket], bool] = lambda _served, _bucket: False
+        self.hold = hold
         """Whether a queued compile must wait for now."""
 
     @property

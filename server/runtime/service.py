@@ -28,7 +28,7 @@ from .allocator import fix_mmap_threshold, return_memory, return_memory_now_and_
 from .batcher import DynamicBatcher, DynamicBatching
 from .bodies import BodyBudget, JsonParsers
 from .builds import BucketBuilder, CompileFunction
-from .compile_admission import CompileAdmission
+from .compile_admission import CompileAdmission, compile_held
 from .explain import Explanations
 from .inference import Inference, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
@@ -87,10 +87,10 @@ class ModelService:
             tuning_profile=self.explanations.tuning_profile,
         )
         self.scheduler = CompileScheduler(
-            settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile
-        )
+            settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile,
+            hold=partial(compile_held, settings),
+        )  # fmt: skip
         self.compile_admission = CompileAdmission(settings, metrics, self.scheduler, self.router, self.artifacts)
-        self.scheduler.hold = self.compile_admission.holds
         metrics.before_scrape(lambda: self.compile_admission.refresh_storm_gauges(self.registry.all()))
         self.inference = Inference(
             self.registry,
