@@ -19,7 +19,7 @@ from .errors import JitServeError
 from .model import LoadedModel
 from .options import CompileOptions
 from .profile import compare_by_class, format_profile, kernel_profile, ort_profile
-from .store import ArtifactStore
+from .store import KernelStore
 from .timing import median_latencies_ms
 from .tuning_plan import kernel_times
 
@@ -28,7 +28,7 @@ def bench_bucket(
     model: LoadedModel,
     bucket: Bucket,
     target: dict,
-    store: ArtifactStore,
+    store: KernelStore,
     options: CompileOptions,
     *,
     runs: int = 20,

@@ -18,7 +18,7 @@ from .explain_profile import ProfileJob, profile_stored
 from .explain_report import REPORT_FILE
 from .model import LoadedModel
 from .options import BuildJob, CompileOptions, PrepareJob, read_source
-from .store import EXPLAIN_DIR, LIBRARY_NAME, ArtifactStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
+from .store import EXPLAIN_DIR, LIBRARY_NAME, KernelStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
 from .weights import load_weights
 from .worker import run_in_child
 
@@ -74,7 +74,7 @@ def model_source(model: LoadedModel) -> bytes | str:
 
 
 def ensure_prepared(
-    model: LoadedModel, store: ArtifactStore, options: CompileOptions | None = None, *, preparer=_prepare_in_child
+    model: LoadedModel, store: KernelStore, options: CompileOptions | None = None, *, preparer=_prepare_in_child
 ) -> tuple[Path, str | None]:
     """The model version's prepared folder (weights folded and split off once), written by a child
     the first time; one process prepares it while its peers on the store wait. Also returns who held
@@ -112,7 +112,7 @@ def compile_bucket(
     model: LoadedModel,
     bucket: Bucket,
     target: dict,
-    store: ArtifactStore,
+    store: KernelStore,
     options: CompileOptions | None = None,
     *,
     builder=_build_in_child,
@@ -199,7 +199,7 @@ def compile_bucket(
         raise CompileTimeoutError(str(exc)) from None
 
 
-def open_kernel(model: LoadedModel, outcome: CompileOutcome, store: ArtifactStore, device: str = "llvm") -> TvmEngine:
+def open_kernel(model: LoadedModel, outcome: CompileOutcome, store: KernelStore, device: str = "llvm") -> TvmEngine:
     """A compiled bucket ready to run outside the server: its library with the model version's weights."""
     weights = load_weights(store.prepared_path(model.digest))
     signature = model.signature
@@ -215,7 +215,7 @@ def open_kernel(model: LoadedModel, outcome: CompileOutcome, store: ArtifactStor
 def profile_job(
     model: LoadedModel,
     manifest: Manifest,
-    store: ArtifactStore,
+    store: KernelStore,
     explain_dir: Path,
     shapes: dict[str, list[int]],
     *,
@@ -244,7 +244,7 @@ def profile_job(
 def profile_kernel(
     model: LoadedModel,
     manifest: Manifest,
-    store: ArtifactStore,
+    store: KernelStore,
     shapes: dict[str, list[int]],
     options: CompileOptions,
     *,

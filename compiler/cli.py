@@ -121,7 +121,7 @@ def _compile_context(args, settings, *, spinning: bool = True):
     from .errors import BadRequestError
     from .model import load_model_file
     from .options import CompileOptions
-    from .store import ArtifactStore
+    from .store import KernelStore
     from .target import resolve_target
     from .threads import apply_thread_plan
 
@@ -140,7 +140,7 @@ def _compile_context(args, settings, *, spinning: bool = True):
         timeout_seconds=getattr(args, "timeout", None) or settings.compile_timeout_seconds,
         memory_limit_bytes=settings.compile_memory_bytes,
     )
-    store = ArtifactStore(args.store or settings.kernel_store_dir)
+    store = KernelStore(args.store or settings.kernel_store_dir)
     return model, buckets, target, options, store
 
 
@@ -180,7 +180,7 @@ def _explain(args, settings) -> list[dict]:
     from .buckets import bucket_label
     from .build import compile_bucket
     from .explain_report import write_html
-    from .store import EXPLAIN_DIR, ArtifactStore
+    from .store import EXPLAIN_DIR, KernelStore
 
     # The profile alternates the engines run by run: neither spins between runs, as the server default.
     model, buckets, target, options, _ = _compile_context(args, settings, spinning=False)
@@ -188,7 +188,7 @@ def _explain(args, settings) -> list[dict]:
     output = Path(args.output)
     results = []
     with tempfile.TemporaryDirectory() as scratch:
-        store = ArtifactStore(scratch)
+        store = KernelStore(scratch)
         for bucket, given in zip(buckets, _group_buckets(args.shape), strict=True):
             outcome = compile_bucket(model, bucket, target, store, options)
             label = bucket_label(outcome.manifest.bucket)

@@ -200,7 +200,7 @@ class LeaseTimeoutError(TimeoutError):
     pass
 
 
-class ArtifactStore:
+class KernelStore:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.artifacts = self.root / "artifacts"

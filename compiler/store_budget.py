@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import ArtifactStore
+from .store import KernelStore
 
 UNREFERENCED = "unreferenced"
 LEAST_RECENTLY_USED = "least_recently_used"
@@ -74,7 +74,7 @@ def _entry(kind: str, path: Path) -> StoreEntry | None:
     return StoreEntry(kind, path.name, path, _folder_bytes(path), last_used)
 
 
-def store_entries(store: ArtifactStore) -> list[StoreEntry]:
+def store_entries(store: KernelStore) -> list[StoreEntry]:
     """Every committed kernel and prepared-weights folder, with its size and time of last use."""
     entries = []
     for key in list(store.keys()):
@@ -87,7 +87,7 @@ def store_entries(store: ArtifactStore) -> list[StoreEntry]:
     return entries
 
 
-def touch(store: ArtifactStore, keys: set[str]) -> None:
+def touch(store: KernelStore, keys: set[str]) -> None:
     """Mark kernels as used now (their folder's mtime): what a process holds must not look idle."""
     for key in keys:
         with contextlib.suppress(OSError):
@@ -127,7 +127,7 @@ def plan_removals(
 
 
 def enforce_budget(
-    store: ArtifactStore,
+    store: KernelStore,
     budget_bytes: int,
     *,
     referenced_kernels: set[str],

@@ -28,7 +28,7 @@ from compiler.buckets import AxisPolicy, BucketPlanner, symbolic_dim
 from compiler.build import compile_bucket, open_kernel
 from compiler.engines import OrtEngine
 from compiler.model import load_model_file
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from loadtest.bench_table import cpu_name
 from tests.realmodels import DET, REC, rapidocr_model
@@ -69,7 +69,7 @@ def main() -> int:
 
     ort = OrtEngine(model.data)
     with tempfile.TemporaryDirectory() as directory:
-        store = ArtifactStore(Path(directory))
+        store = KernelStore(Path(directory))
         outcome = compile_bucket(model, bucket, target, store, verify_sizes=planner.verify_sizes(bucket))
         if not outcome.manifest.verified:
             raise SystemExit(f"the dynamic kernel failed verification: {outcome.manifest.verification}")

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 
 from ..settings import Settings
 from .metrics import Metrics
@@ -80,7 +80,7 @@ class CompileAdmission:
         metrics: Metrics,
         scheduler: CompileScheduler,
         router: Router,
-        artifacts: ArtifactStore,
+        artifacts: KernelStore,
     ) -> None:
         self.settings = settings
         self.metrics = metrics

@@ -13,7 +13,7 @@ from compiler.build import profile_kernel
 from compiler.errors import BadRequestError, ConflictError, JitServeError, NotFoundError
 from compiler.explain_profile import TRACE_DIR
 from compiler.explain_report import REPORT_FILE, read_bundle, render_html
-from compiler.store import EXPLAIN_DIR, ArtifactStore
+from compiler.store import EXPLAIN_DIR, KernelStore
 
 from .registry import ServedModel
 from .state import ServedBucket
@@ -54,7 +54,7 @@ def function_text(text: str, name: str) -> str | None:
 
 
 class Explanations:
-    def __init__(self, artifacts: ArtifactStore, profile_seconds: float, threads: int | None) -> None:
+    def __init__(self, artifacts: KernelStore, profile_seconds: float, threads: int | None) -> None:
         self.artifacts = artifacts
         self.profile_seconds = profile_seconds
         self.threads = threads

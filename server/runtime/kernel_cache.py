@@ -25,7 +25,7 @@ import numpy as np
 from compiler.engines import Engine, TransformedWeights, TvmEngine, device_weights
 from compiler.errors import CompileError
 from compiler.signature import Signature
-from compiler.store import ArtifactStore, Manifest
+from compiler.store import KernelStore, Manifest
 from compiler.store_budget import touch
 from compiler.target import target_kind
 from compiler.weights import load_weights
@@ -206,7 +206,7 @@ class KernelWeights(list):
 class WeightPool:
     """Each model version's weights loaded once, shared by its kernels, gone with the last of them."""
 
-    def __init__(self, artifacts: ArtifactStore) -> None:
+    def __init__(self, artifacts: KernelStore) -> None:
         self.artifacts = artifacts
         self._loaded: weakref.WeakValueDictionary[tuple[str, str], LoadedWeights] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
@@ -232,7 +232,7 @@ class Kernels:
     def __init__(
         self,
         cache: KernelCache,
-        artifacts: ArtifactStore,
+        artifacts: KernelStore,
         metrics: Metrics,
         open_engine: EngineOpener = open_tvm_engine,
         openvino: OpenVinoBuilds | None = None,

@@ -12,7 +12,7 @@ from compiler.arrays import random_inputs
 from compiler.buckets import BucketPlan, BucketPlanner, bucket_label
 from compiler.engines import Engine
 from compiler.padding import check_axis_padding
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.timing import median_latencies_ms, requests_per_second
 
 from ..settings import Settings
@@ -39,7 +39,7 @@ class ServingKernel:
 
 
 class Router:
-    def __init__(self, settings: Settings, metrics: Metrics, models: ModelStore, artifacts: ArtifactStore) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, models: ModelStore, artifacts: KernelStore) -> None:
         self.settings = settings
         self.metrics = metrics
         self.models = models

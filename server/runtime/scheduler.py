@@ -23,7 +23,7 @@ log = logging.getLogger("jitserve")
 HOLD_RECHECK_SECONDS = 1.0
 """How often a worker looks again at compiles held in the queue."""
 
-Job = tuple[ServedModel, ServedBucket]
+CompileJob = tuple[ServedModel, ServedBucket]
 
 
 class CompileScheduler:
@@ -40,7 +40,7 @@ class CompileScheduler:
         self.metrics = metrics
         self._run = run
         self.queue_size = queue_size
-        self._queued: list[Job] = []
+        self._queued: list[CompileJob] = []
         self._running = 0
         self._closed = False
         self._changed = threading.Condition()
@@ -125,7 +125,7 @@ class CompileScheduler:
     def _update_depth(self) -> None:
         self.metrics.set_queue_depth(depth=self.pending)
 
-    def _take(self) -> Job | None:
+    def _take(self) -> CompileJob | None:
         """The next compile: warm buckets first, then the one with the most recent traffic."""
         with self._changed:
             while not self._closed:

@@ -17,13 +17,12 @@ from typing import Any, TypeVar
 from compiler.build import compile_bucket
 from compiler.errors import ConflictError, JitServeError
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.threads import apply_thread_plan
 from compiler.upload import load_upload_folder, upload_folder
 from compiler.worker import stop_children
 
 from ..settings import Settings
-from .admission import Admission
 from .allocator import fix_mmap_threshold, return_memory, return_memory_now_and_after
 from .batcher import DynamicBatcher, DynamicBatching
 from .bodies import BodyBudget, JsonParsers
@@ -34,6 +33,7 @@ from .inference import Inference, Prediction
 from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .memory_guard import MemoryGuard
 from .metrics import Metrics
+from .model_admission import ModelAdmission
 from .openvino_builds import OpenVinoBuilds
 from .records import ModelStore
 from .registry import Registry, ServedModel
@@ -68,7 +68,7 @@ class ModelService:
         fix_mmap_threshold(settings.malloc_mmap_threshold_bytes)
         kernel_threads = apply_thread_plan(settings.kernel_threads, spinning=settings.ort_spinning)
         self.models_store = ModelStore(settings.model_store_dir)
-        self.artifacts = ArtifactStore(settings.kernel_store_dir)
+        self.artifacts = KernelStore(settings.kernel_store_dir)
         cache = KernelCache(
             settings.kernel_cache_entries, settings.kernel_cache_bytes, on_evict=lambda _: metrics.record_eviction()
         )
@@ -104,7 +104,7 @@ class ModelService:
             kernel_input_max_abs=settings.kernel_input_max_abs,
             shadow=self.shadow,
         )
-        self.admission = Admission(
+        self.admission = ModelAdmission(
             settings,
             self.registry,
             self.models_store,

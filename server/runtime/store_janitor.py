@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.store_budget import Removal, enforce_budget
 
 from ..settings import Settings
@@ -27,7 +27,7 @@ class StoreJanitor:
     def __init__(
         self,
         settings: Settings,
-        artifacts: ArtifactStore,
+        artifacts: KernelStore,
         models: ModelStore,
         *,
         served: Callable[[], list[ServedModel]],

@@ -11,7 +11,7 @@ import pytest
 from compiler.build import compile_bucket, open_kernel
 from compiler.engines import OrtEngine
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests import synthetic
 
@@ -26,7 +26,7 @@ def decoder() -> bytes:
 
 
 def test_a_causal_decoders_buckets_verify_with_every_kernel_scheduled(tmp_path, decoder):
-    model, store = load_model(decoder, max_bytes=1 << 24), ArtifactStore(tmp_path)
+    model, store = load_model(decoder, max_bytes=1 << 24), KernelStore(tmp_path)
     for bucket in ({"ids": (1, 16)}, {"ids": (2, 8)}):
         manifest = compile_bucket(model, bucket, TARGET, store).manifest
         assert manifest.verified, manifest.verification
@@ -41,7 +41,7 @@ def test_one_dynamic_kernel_serves_every_sequence_length_of_a_causal_decoder(tmp
     """The positions are ``Range(0, seq)`` and the mask compares them: TVM's importer computed that range's
     length as a tensor, so no shape after it was known and the import failed; GPT-2's ``Reshape`` of
     ``seq + 1`` to one element failed too (compiler/tvm/onnx_import.py)."""
-    model, store = load_model(decoder, max_bytes=1 << 24), ArtifactStore(tmp_path)
+    model, store = load_model(decoder, max_bytes=1 << 24), KernelStore(tmp_path)
     outcome = compile_bucket(model, {"ids": (1, "seq")}, TARGET, store, verify_sizes={"seq": [5, 16, 33]})
     assert outcome.manifest.verified, outcome.manifest.verification
     assert outcome.manifest.unscheduled == [], outcome.manifest.schedules

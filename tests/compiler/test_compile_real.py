@@ -15,7 +15,7 @@ from compiler.engines import OrtEngine
 from compiler.model import load_model_file
 from compiler.options import CompileOptions
 from compiler.padding import check_axis_padding
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests.realmodels import CLS, REC, rapidocr_model
 
@@ -52,7 +52,7 @@ RELOAD_AND_RUN = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return ArtifactStore(tmp_path_factory.mktemp("kernels"))
+    return KernelStore(tmp_path_factory.mktemp("kernels"))
 
 
 @pytest.mark.parametrize(

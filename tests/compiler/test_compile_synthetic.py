@@ -11,14 +11,14 @@ from compiler.build import compile_bucket
 from compiler.errors import CompileCrashedError, CompileOutOfMemoryError, UnsupportedOperatorError
 from compiler.model import load_model
 from compiler.options import CompileOptions, CompileSettings
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests import synthetic
 
 
 @pytest.fixture
 def store(tmp_path):
-    return ArtifactStore(tmp_path / "kernels")
+    return KernelStore(tmp_path / "kernels")
 
 
 def _load(data: bytes):

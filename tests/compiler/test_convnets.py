@@ -8,7 +8,7 @@ import pytest
 
 from compiler.build import compile_bucket
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests import convnets
 
@@ -28,7 +28,7 @@ NCHW_CONVS = {"residual": 0, "mobile": 0, "branches": 1, "convnext": 0}
 def test_every_conv_kind_compiles_blocked_verifies_and_is_scheduled(tmp_path, build):
     model = load_model(build(), max_bytes=1 << 24)
     # 56x56: maps of 28, 14 and 7, whose rows fill no two whole vectors (those stay NCHW: layout.py).
-    manifest = compile_bucket(model, {"x": (2, 3, 56, 56)}, TARGET, ArtifactStore(tmp_path)).manifest
+    manifest = compile_bucket(model, {"x": (2, 3, 56, 56)}, TARGET, KernelStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
     assert manifest.schedules and manifest.unscheduled == [], manifest.schedules
     convs = {name: rule for name, rule in manifest.schedules.items() if "conv2d" in name}
@@ -51,7 +51,7 @@ def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp
     from server.runtime.kernel_cache import WeightPool, open_tvm_engine
 
     model = load_model(convnets.residual_model(), max_bytes=1 << 24)
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     manifests = [compile_bucket(model, {"x": (n, 3, 56, 56)}, TARGET, store).manifest for n in (1, 2)]
     assert manifests[0].weight_transform == manifests[1].weight_transform is not None
     pool = WeightPool(store)

@@ -13,7 +13,7 @@ from tvm.support import nvcc
 from compiler.build import compile_bucket
 from compiler.cuda_math import compile_cuda_exactly, use_exact_cuda_math
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests import convnets
 
@@ -50,6 +50,6 @@ def test_a_dlight_rule_that_fails_on_a_kernel_declines_it(tmp_path):
     """dlight's GPU Matmul asserts on a conv whose fused epilogue (hardswish, SiLU) it cannot inline;
     the next rule schedules that kernel and the model builds."""
     model = load_model(convnets.mobile_model(), max_bytes=1 << 20)
-    outcome = compile_bucket(model, {"x": (2, 3, 64, 64)}, resolve_target("cuda"), ArtifactStore(tmp_path))
+    outcome = compile_bucket(model, {"x": (2, 3, 64, 64)}, resolve_target("cuda"), KernelStore(tmp_path))
     assert outcome.manifest.library_bytes > 0
     assert None not in outcome.manifest.schedules.values()

@@ -11,7 +11,7 @@ from compiler.arrays import random_inputs
 from compiler.build import compile_bucket
 from compiler.engines import OrtEngine, TvmEngine
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from compiler.weights import load_weights
 from tests import convnets
@@ -50,7 +50,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return ArtifactStore(tmp_path_factory.mktemp("cuda-store"))
+    return KernelStore(tmp_path_factory.mktemp("cuda-store"))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

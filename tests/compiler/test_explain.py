@@ -16,7 +16,7 @@ from compiler.cli import main
 from compiler.flops import model_flops
 from compiler.model import load_model
 from compiler.options import CompileOptions
-from compiler.store import EXPLAIN_DIR, ArtifactStore
+from compiler.store import EXPLAIN_DIR, KernelStore
 from compiler.target import resolve_target
 from tests import synthetic
 
@@ -39,7 +39,7 @@ def _bundle(outcome) -> tuple[Path, dict]:
 )
 def test_every_kernel_is_traced_to_the_nodes_it_computes(tmp_path, model, bucket):
     loaded = load_model(model, max_bytes=1 << 24)
-    outcome = compile_bucket(loaded, bucket, TARGET, ArtifactStore(tmp_path))
+    outcome = compile_bucket(loaded, bucket, TARGET, KernelStore(tmp_path))
     directory, report = _bundle(outcome)
     assert set(report["ir"]) >= STAGES, report["ir"].keys()
     for stage in STAGES:
@@ -63,7 +63,7 @@ def test_every_kernel_is_traced_to_the_nodes_it_computes(tmp_path, model, bucket
 
 def test_a_fused_kernel_names_each_node_it_fused(tmp_path):
     loaded = load_model(synthetic.fpn_model(), max_bytes=1 << 20)
-    _, report = _bundle(compile_bucket(loaded, {"x": (1, 4, 32, 48)}, TARGET, ArtifactStore(tmp_path)))
+    _, report = _bundle(compile_bucket(loaded, {"x": (1, 4, 32, 48)}, TARGET, KernelStore(tmp_path)))
     kernels = {k["name"]: k for k in report["kernels"]}
     conv_relu = next(k for name, k in kernels.items() if "conv2d" in name and "relu" in name)
     assert conv_relu["ops"] == ["Conv", "Relu"]
@@ -75,7 +75,7 @@ def test_a_fused_kernel_names_each_node_it_fused(tmp_path):
 
 def test_the_bundle_stays_out_of_the_kernels_key(tmp_path):
     loaded = load_model(synthetic.fpn_model(), max_bytes=1 << 20)
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     plain = compile_bucket(loaded, {"x": (1, 4, 32, 48)}, TARGET, store, CompileOptions(explain=False))
     assert not (Path(plain.library_path).parent / EXPLAIN_DIR).exists()
     again = compile_bucket(loaded, {"x": (1, 4, 32, 48)}, TARGET, store, CompileOptions(explain=True))
@@ -177,7 +177,7 @@ def test_the_profile_alternates_the_engines_run_by_run(tmp_path):
     from compiler.explain_profile import profile_bucket
 
     model = load_model(synthetic.fpn_model(), max_bytes=1 << 24)
-    store = ArtifactStore(tmp_path / "kernels")
+    store = KernelStore(tmp_path / "kernels")
     outcome = compile_bucket(model, {"x": (1, 4, 32, 48)}, TARGET, store, CompileOptions(explain=True))
     _, report = _bundle(outcome)
     engine = _RunsRecorded(open_kernel(model, outcome, store))
@@ -203,7 +203,7 @@ def test_each_conv_kernel_is_traced_to_its_own_conv_where_binding_names_repeat(t
 
     model = load_model(residual_model(), max_bytes=1 << 24)
     outcome = compile_bucket(
-        model, {"x": (1, 3, 64, 64)}, TARGET, ArtifactStore(tmp_path / "k"), CompileOptions(explain=True)
+        model, {"x": (1, 3, 64, 64)}, TARGET, KernelStore(tmp_path / "k"), CompileOptions(explain=True)
     )
     _, report = _bundle(outcome)
     op = {node["index"]: node["op"] for node in report["nodes"]}

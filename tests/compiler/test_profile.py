@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 from compiler.build import compile_bucket, open_kernel
 from compiler.model import load_model
 from compiler.profile import compare_by_class, format_profile, kernel_profile, op_class, ort_profile
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests.synthetic import make_model, value
 
@@ -59,7 +59,7 @@ def _mlp() -> bytes:
 
 def test_profile_times_every_kernel_and_every_onnxruntime_node(tmp_path):
     model = load_model(_mlp(), max_bytes=1 << 20)
-    store = ArtifactStore(tmp_path / "kernels")
+    store = KernelStore(tmp_path / "kernels")
     bucket = {"x": (32, 64)}
     outcome = compile_bucket(model, bucket, resolve_target("llvm"), store)
     engine = open_kernel(model, outcome, store)

@@ -16,7 +16,7 @@ import pytest
 from compiler.store import (
     LIBRARY_NAME,
     MANIFEST_NAME,
-    ArtifactStore,
+    KernelStore,
     LeaseTimeoutError,
     Manifest,
     artifact_key,
@@ -60,7 +60,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
-def _commit(store: ArtifactStore, key: str, payload: bytes = b"dummy", **overrides) -> Manifest:
+def _commit(store: KernelStore, key: str, payload: bytes = b"dummy", **overrides) -> Manifest:
     with store.staging(key) as staging:
         (staging / LIBRARY_NAME).write_bytes(payload)
         return store.commit(staging, _manifest(key, library_bytes=len(payload), **overrides))
@@ -120,11 +120,11 @@ def test_tvm_version_is_the_installed_distribution():
     assert tvm_version()
 
 
-# --- ArtifactStore ----------------------------------------------------------
+# --- KernelStore ----------------------------------------------------------
 
 
 def test_new_store_is_empty(tmp_path):
-    store = ArtifactStore(tmp_path / "store")
+    store = KernelStore(tmp_path / "store")
     assert list(store.keys()) == []
     assert store.get(artifact_key(*KEY_ARGS)) is None
     assert (tmp_path / "store" / "artifacts").is_dir()
@@ -132,7 +132,7 @@ def test_new_store_is_empty(tmp_path):
 
 
 def test_commit_is_atomic_and_get_returns_the_manifest(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     with store.staging(key) as staging:
         assert staging.parent == store.staging_root
@@ -151,12 +151,12 @@ def test_commit_is_atomic_and_get_returns_the_manifest(tmp_path):
 
 def test_manifest_survives_reopening(tmp_path):
     key = artifact_key(*KEY_ARGS)
-    committed = _commit(ArtifactStore(tmp_path), key)
-    assert ArtifactStore(tmp_path).get(key) == committed
+    committed = _commit(KernelStore(tmp_path), key)
+    assert KernelStore(tmp_path).get(key) == committed
 
 
 def test_staging_is_removed_when_not_committed(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     with pytest.raises(RuntimeError), store.staging(key) as staging:
         (staging / LIBRARY_NAME).write_bytes(b"half")
@@ -166,7 +166,7 @@ def test_staging_is_removed_when_not_committed(tmp_path):
 
 
 def test_commit_without_library_fails(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     with store.staging(key) as staging, pytest.raises(FileNotFoundError):
         store.commit(staging, _manifest(key))
@@ -174,7 +174,7 @@ def test_commit_without_library_fails(tmp_path):
 
 
 def test_directory_without_library_is_not_returned(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     directory = store.path(key)
     directory.mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_directory_without_library_is_not_returned(tmp_path):
 
 
 def test_directory_with_a_broken_manifest_is_not_returned(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     directory = store.path(key)
     directory.mkdir(parents=True)
@@ -193,7 +193,7 @@ def test_directory_with_a_broken_manifest_is_not_returned(tmp_path):
 
 
 def test_open_sweeps_staging_of_dead_processes_only(tmp_path):
-    ArtifactStore(tmp_path)
+    KernelStore(tmp_path)
     staging_root = tmp_path / "staging"
     dead = staging_root / f"{'0' * 16}.{_dead_pid()}-1.deadbeef"
     live = staging_root / f"{'1' * 16}.{process_token(os.getpid())}.cafebabe"
@@ -205,24 +205,24 @@ def test_open_sweeps_staging_of_dead_processes_only(tmp_path):
         directory.mkdir()
         (directory / LIBRARY_NAME).write_bytes(b"partial")
 
-    ArtifactStore(tmp_path)
+    KernelStore(tmp_path)
     assert sorted(p.name for p in staging_root.iterdir()) == [live.name]
     assert (live / LIBRARY_NAME).read_bytes() == b"partial"
 
 
 def test_open_keeps_a_staging_dir_in_use_by_this_process(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     with store.staging(key) as staging:
         (staging / LIBRARY_NAME).write_bytes(b"dummy")
-        ArtifactStore(tmp_path)  # another worker opening the same store
+        KernelStore(tmp_path)  # another worker opening the same store
         assert staging.is_dir()
         store.commit(staging, _manifest(key))
     assert store.get(key) is not None
 
 
 def test_second_commit_of_the_same_key_keeps_the_first(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     first = _commit(store, key, b"first", compile_seconds=1.0)
     second = _commit(store, key, b"second!", compile_seconds=2.0)
@@ -234,7 +234,7 @@ def test_second_commit_of_the_same_key_keeps_the_first(tmp_path):
 
 
 def test_delete(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     other = artifact_key("cd" * 32, BUCKET, TARGET, "0.27.0", OPTIONS)
     _commit(store, key)
@@ -257,7 +257,7 @@ def test_delete(tmp_path):
 
 
 def test_check_removes_damaged_artifacts_and_keeps_sound_ones(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     keys = [artifact_key(DIGEST, {"a": (n, 8)}, TARGET, "0.27.0", OPTIONS) for n in range(1, 7)]
     for key in keys:
         _commit(store, key)
@@ -289,7 +289,7 @@ def test_check_removes_damaged_artifacts_and_keeps_sound_ones(tmp_path):
 
 def test_open_keeps_another_hosts_staging_until_it_is_a_day_old(tmp_path):
     """Replicas on a shared volume run on other hosts: their pids mean nothing here."""
-    ArtifactStore(tmp_path)
+    KernelStore(tmp_path)
     staging_root = tmp_path / "staging"
     other_host = "replica-b" if host_name() != "replica-b" else "replica-c"
     fresh = staging_root / f"{'0' * 16}.{other_host}+1-100.deadbeef"
@@ -300,14 +300,14 @@ def test_open_keeps_another_hosts_staging_until_it_is_a_day_old(tmp_path):
     two_days_ago = time.time() - 2 * 24 * 3600
     os.utime(stale, (two_days_ago, two_days_ago))
 
-    ArtifactStore(tmp_path)
+    KernelStore(tmp_path)
     assert sorted(p.name for p in staging_root.iterdir()) == [fresh.name]
 
 
 HOLD_LEASE = """
 import sys, time
-from compiler.store import ArtifactStore
-store = ArtifactStore(sys.argv[1])
+from compiler.store import KernelStore
+store = KernelStore(sys.argv[1])
 with store.lease(sys.argv[2], max_wait=60) as lease:
     print("held" if lease.held else "not held", flush=True)
     if sys.argv[3] == "commit":
@@ -329,7 +329,7 @@ def _hold_lease(tmp_path, key: str, then: str) -> subprocess.Popen:
 
 
 def test_a_lease_is_held_by_one_process_and_taken_over_when_its_holder_is_killed(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     holder = _hold_lease(tmp_path, key, "sleep")
     try:
@@ -349,7 +349,7 @@ def test_a_lease_is_held_by_one_process_and_taken_over_when_its_holder_is_killed
 
 
 def test_a_waiter_finds_the_kernel_its_lease_holder_committed(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = artifact_key(*KEY_ARGS)
     holder = _hold_lease(tmp_path, key, "commit")
     try:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.store_budget import (
     LEAST_RECENTLY_USED,
     UNREFERENCED,
@@ -26,7 +26,7 @@ HOUR = 3600.0
 KILOBYTE = b"k" * 1024
 
 
-def _kernel(store: ArtifactStore, name: str, *, age: float, size: int = 1024) -> str:
+def _kernel(store: KernelStore, name: str, *, age: float, size: int = 1024) -> str:
     key = name * 64 if len(name) == 1 else name
     _commit(store, key, b"k" * size)
     then = time.time() - age
@@ -34,7 +34,7 @@ def _kernel(store: ArtifactStore, name: str, *, age: float, size: int = 1024) ->
     return key
 
 
-def _weights(store: ArtifactStore, digest: str, *, age: float) -> None:
+def _weights(store: KernelStore, digest: str, *, age: float) -> None:
     graph = helper.make_model(
         helper.make_graph([], "g", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [256])])
     )
@@ -45,20 +45,20 @@ def _weights(store: ArtifactStore, digest: str, *, age: float) -> None:
     os.utime(store.prepared_path(digest), (then, then))
 
 
-def _plan(store: ArtifactStore, budget: int, **sets) -> list[tuple[str, str]]:
+def _plan(store: KernelStore, budget: int, **sets) -> list[tuple[str, str]]:
     arguments = {"referenced_kernels": set(), "referenced_weights": set(), "in_use": set()} | sets
     plan = plan_removals(store_entries(store), budget, grace_seconds=HOUR, now=time.time(), **arguments)
     return [(removal.entry.name, removal.reason) for removal in plan]
 
 
 def test_within_budget_nothing_is_removed(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     _kernel(store, "a", age=10 * HOUR)
     assert _plan(store, 1 << 20) == []
 
 
 def test_unreferenced_go_first_oldest_first_then_least_recently_used(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     old_deleted = _kernel(store, "a", age=5 * HOUR)
     new_deleted = _kernel(store, "b", age=2 * HOUR)
     served_old = _kernel(store, "c", age=9 * HOUR)
@@ -76,7 +76,7 @@ def test_unreferenced_go_first_oldest_first_then_least_recently_used(tmp_path):
 
 
 def test_never_in_use_nor_within_grace_nor_a_stored_versions_weights(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     in_use = _kernel(store, "a", age=9 * HOUR)
     _kernel(store, "b", age=60)  # a peer loaded it a minute ago
     _weights(store, "f" * 64, age=9 * HOUR)  # the weights of a stored version
@@ -86,7 +86,7 @@ def test_never_in_use_nor_within_grace_nor_a_stored_versions_weights(tmp_path):
 
 
 def test_enforce_budget_removes_and_reports_what_is_left(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     kept = _kernel(store, "a", age=9 * HOUR)
     doomed = _kernel(store, "b", age=9 * HOUR)
     _weights(store, "e" * 64, age=9 * HOUR)
@@ -104,7 +104,7 @@ def test_enforce_budget_removes_and_reports_what_is_left(tmp_path):
 
 
 def test_touch_marks_a_kernel_used(tmp_path):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     key = _kernel(store, "a", age=9 * HOUR)
     touch(store, {key, "0" * 64})  # a key no longer stored is ignored
     assert _plan(store, 0) == []  # within the grace period now

@@ -14,7 +14,7 @@ from compiler.demo import demo_model_bytes
 from compiler.errors import CompileError
 from compiler.model import load_model
 from compiler.options import CompileOptions
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from compiler.tuning_plan import kernel_times
 from compiler.tvm.tuning import intrinsic_families
@@ -54,7 +54,7 @@ APPLY_IN_FRESH_PROCESS = textwrap.dedent(
 
 
 def test_tuning_round_trip_through_the_shared_database(tmp_path):
-    store = ArtifactStore(tmp_path / "kernels")
+    store = KernelStore(tmp_path / "kernels")
     database_dir = tmp_path / "tuning"
     model = load_model(demo_model_bytes(), max_bytes=1 << 20)
     target = resolve_target("llvm")
@@ -119,11 +119,11 @@ def test_tuning_over_rpc_measures_on_the_fleet_and_every_replica_compiles_the_sa
     try:
         rpc = {"rpc_tracker": fleet.tracker, "rpc_key": fleet.key}
         tuned = CompileOptions(tune_trials=8, tune_trials_per_task=4, database_dir=str(database_dir), **rpc)
-        outcome = compile_bucket(model, {"x": (8, 4)}, target, ArtifactStore(tmp_path / "replica-a"), tuned)
+        outcome = compile_bucket(model, {"x": (8, 4)}, target, KernelStore(tmp_path / "replica-a"), tuned)
         measured = fleet.measurements()
         with pytest.raises(CompileError, match="no server registered under key 'elsewhere'"):
             nowhere = tuned.model_copy(update={"rpc_key": "elsewhere"})
-            compile_bucket(model, {"x": (16, 4)}, target, ArtifactStore(tmp_path / "replica-a"), nowhere)
+            compile_bucket(model, {"x": (16, 4)}, target, KernelStore(tmp_path / "replica-a"), nowhere)
     finally:
         fleet.stop()
     manifest = outcome.manifest
@@ -139,7 +139,7 @@ def test_tuning_over_rpc_measures_on_the_fleet_and_every_replica_compiles_the_sa
         model,
         {"x": (8, 4)},
         target,
-        ArtifactStore(tmp_path / "replica-b"),
+        KernelStore(tmp_path / "replica-b"),
         CompileOptions(database_dir=str(database_dir)),
     )
     assert replica.manifest.verified is True

@@ -12,7 +12,7 @@ from compiler import weights as weights_module
 from compiler.build import compile_bucket, open_kernel
 from compiler.engines import OrtEngine
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from compiler.weights import graph_digest, load_weights, weight_bytes
 from tests import synthetic
@@ -48,7 +48,7 @@ def test_graph_digest_ignores_weight_values_and_nothing_else():
     ids=["encoder", "conv"],
 )
 def test_new_weights_reuse_the_kernel_and_run_with_their_own_weights(tmp_path, data, shape):
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     target = resolve_target("llvm")
     first_model, second_data = _load(data), synthetic.reweighted(data, 7)
     second_model = _load(second_data)
@@ -80,7 +80,7 @@ def test_new_weights_reuse_the_kernel_and_run_with_their_own_weights(tmp_path, d
 def test_a_kernel_records_the_workspace_it_keeps_and_a_bigger_bucket_keeps_more(tmp_path):
     """Measured in the compile child: what a loaded kernel holds beyond its code and the weights (the
     kernel cache's byte cap counts it)."""
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     model = _load(synthetic.bert_encoder_model(layers=1, hidden=128, heads=4, seq=64))
     small, large = (compile_bucket(model, {"x": (n, 64, 128)}, resolve_target("llvm"), store).manifest for n in (1, 16))
     assert small.verified and large.verified

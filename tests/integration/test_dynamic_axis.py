@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from compiler.engines import OrtEngine
-from compiler.store import EXPLAIN_DIR, ArtifactStore
+from compiler.store import EXPLAIN_DIR, KernelStore
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import settled_bucket, upload
@@ -56,7 +56,7 @@ def test_one_symbolic_kernel_serves_every_width_of_its_range(tmp_path):
                 assert predict(client, width)["bucket"] == f"x=1x8x{width}"
             labels = {b["bucket"] for b in client.get("/models/m").json()["buckets"]}
             assert labels == {label, "x=1x8x7", "x=1x8x257"}
-            store = ArtifactStore(tmp_path / "data" / "kernels")
+            store = KernelStore(tmp_path / "data" / "kernels")
             keys = list(store.keys())  # the store's entries (it is no mapping)
             bundles = [store.path(key) / EXPLAIN_DIR / "explain.json" for key in keys]
             assert bundles and all(path.is_file() for path in bundles)  # every compile explained by default
@@ -125,7 +125,7 @@ def test_a_stepped_dynamic_axis_serves_a_detector_neck_at_every_multiple(tmp_pat
             refused = infer(38, 44)  # 38 / 2 = 19, / 2 = 10, x 2 = 20: the Add cannot take it
             assert refused.status_code == 400, refused.text
             assert "cannot run the model on this input's shape (Add node" in refused.json()["error"]
-            store = ArtifactStore(tmp_path / "data" / "kernels")
+            store = KernelStore(tmp_path / "data" / "kernels")
             keys = list(store.keys())  # the store's entries (it is no mapping)
             entries = [store.path(key) for key in keys]
             assert entries and not any((entry / EXPLAIN_DIR).exists() for entry in entries)  # turned off

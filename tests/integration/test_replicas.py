@@ -20,7 +20,7 @@ import pytest
 from compiler.buckets import bucket_label
 from compiler.demo import demo_model_bytes
 from compiler.engines import OrtEngine
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from tests.integration.serverproc import ServerProcess, metric_value, variant, wait_until
 from tests.integration.test_crash import compile_children
 from tests.integration.test_serving import upload
@@ -177,7 +177,7 @@ def test_three_replicas_compile_each_bucket_once_under_churn_and_follow_every_ch
     assert sum(compiles) == len(BUCKETS)  # once for the fleet, not once per replica
     assert sum(loaded) == len(BUCKETS) * (len(replicas) - 1)  # the others load what one compiled
 
-    store = ArtifactStore(tmp_path / "data" / "kernels")
+    store = KernelStore(tmp_path / "data" / "kernels")
     ok, damaged = store.check()
     assert (ok, damaged) == (len(BUCKETS), [])
     assert {bucket_label(manifest.bucket) for manifest in map(store.get, store.keys())} == BUCKETS
@@ -260,7 +260,7 @@ def test_a_replica_killed_while_it_holds_a_kernel_lease_hands_it_on(tmp_path):
                 child.kill()
         holder.stop()
         waiter.stop()
-    store = ArtifactStore(data / "kernels")  # a later start sweeps what the killed replica left
+    store = KernelStore(data / "kernels")  # a later start sweeps what the killed replica left
     assert store.check() == (1, [])
     assert list(store.staging_root.iterdir()) == []
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from compiler.engines import OrtEngine
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.weights import weight_bytes
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value, new_graph_variant, wait_until
@@ -125,7 +125,7 @@ def test_the_store_budget_removes_a_deleted_models_kernels_and_weights_not_the_s
     other = new_graph_variant(data, "another graph")
     settings = {"kernel_store_bytes": 1, "kernel_store_grace_seconds": 2, "kernel_store_sweep_seconds": 0.5}
     process = ServerProcess(tmp_path / "data", routing="compiled", **settings).start()
-    store = ArtifactStore(tmp_path / "data" / "kernels")
+    store = KernelStore(tmp_path / "data" / "kernels")
     try:
         with process.client() as http:
             for name, model in (("gone", data), ("kept", other)):

@@ -17,7 +17,7 @@ import onnx
 from compiler.build import CompileOutcome, bucket_key
 from compiler.engines import Engine, OrtEngine
 from compiler.model import load_model
-from compiler.store import LIBRARY_NAME, ArtifactStore, Manifest
+from compiler.store import LIBRARY_NAME, KernelStore, Manifest
 from compiler.tvm import COMPILER_VERSION
 from compiler.weights import save_prepared
 from server.runtime.metrics import Metrics
@@ -46,7 +46,7 @@ class FakeCompiler:
         model,
         bucket,
         target,
-        store: ArtifactStore,
+        store: KernelStore,
         options,
         *,
         progress_path=None,

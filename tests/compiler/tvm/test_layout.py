@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 from compiler.build import compile_bucket
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests import convnets
 from tests.synthetic import make_model, value
@@ -158,7 +158,7 @@ def test_a_dilated_conv_drops_the_taps_that_read_only_padding_and_still_verifies
     taps = sorted((int(shape[2]), int(shape[3])) for shape in kernels)  # the blocked kernels' kh, kw
     banded = [(1, 1), (1, 2), (1, 2), (2, 1), (2, 1), (2, 2), (2, 2), (2, 2), (2, 2)]
     assert taps == sorted([(1, 1), (3, 3), (3, 3), *banded]), taps
-    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
+    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, KernelStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
 
 
@@ -178,7 +178,7 @@ def test_a_matmul_over_a_batch_of_short_rows_runs_as_one_matmul_over_all_of_them
         for call in _calls_after_layout(model, bucket) if call.op.name == "relax.call_tir"
     ]  # fmt: skip
     assert products == [[98, 64]]
-    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, ArtifactStore(tmp_path)).manifest
+    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, KernelStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
 
 
@@ -217,7 +217,7 @@ def test_a_classifier_whose_classes_fill_no_whole_panel_gets_a_zero_padded_last_
         for arg in call.args[1].fields if len(arg.ty.shape.values) == 3
     ]  # fmt: skip
     assert panels == [[-(-40 // width), 16, width]], panels
-    store = ArtifactStore(tmp_path)
+    store = KernelStore(tmp_path)
     for batch in (1, 2):  # one row (a matrix-vector product) and two
         bucket = {"x": (batch, 3, 56, 56)}
         manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, store).manifest
@@ -251,7 +251,7 @@ def test_an_unblocked_models_matmuls_read_panels_and_the_server_holds_the_panels
     ]
     assert panels == [[128 // width, 64, width], [-(-1001 // width), 128, width]], panels
     assert not [call for call in calls if call.op.name == "relax.matmul"]
-    loaded, store = load_model(model, max_bytes=1 << 22), ArtifactStore(tmp_path)
+    loaded, store = load_model(model, max_bytes=1 << 22), KernelStore(tmp_path)
     manifest = compile_bucket(loaded, bucket, TARGET, store).manifest
     assert manifest.verified, manifest.verification
     assert manifest.weight_transform is not None and manifest.unscheduled == [], manifest.schedules
@@ -275,7 +275,7 @@ def test_a_layout_transform_fuses_with_the_transpose_after_it(tmp_path):
     two passes over the map (TVM's own layout transform is an opaque kernel, which FuseOps never fuses)."""
     bucket = {"x": (2, 3, 56, 56)}
     manifest = compile_bucket(load_model(convnets.convnext_model(), max_bytes=1 << 22), bucket, TARGET,
-                              ArtifactStore(tmp_path)).manifest  # fmt: skip
+                              KernelStore(tmp_path)).manifest  # fmt: skip
     assert manifest.verified, manifest.verification
     kernels = list(manifest.schedules)
     assert not [name for name in kernels if name.startswith("te_layout_transform")], kernels  # TVM's own
@@ -297,7 +297,7 @@ def test_a_weight_read_by_two_matmuls_is_packed_once(tmp_path):
         [numpy_helper.from_array(shared, "w")],
     )  # fmt: skip
     model = make_model(graph).SerializeToString()
-    loaded, store = load_model(model, max_bytes=1 << 22), ArtifactStore(tmp_path)
+    loaded, store = load_model(model, max_bytes=1 << 22), KernelStore(tmp_path)
     manifest = compile_bucket(loaded, {"x": (4, 64)}, TARGET, store).manifest
     assert manifest.verified and manifest.weight_transform is not None, manifest.verification
     pool = WeightPool(store)

@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 from compiler.build import compile_bucket
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests.synthetic import make_model, value
 
@@ -61,5 +61,5 @@ def test_a_bilinear_resize_runs_in_two_passes_and_verifies(mode, size, out_size,
     script = Injective().apply(func, target, False).mod["main"].script()
     # Two passes where the coordinate mode is TOPI's affine one; TOPI's own resize otherwise.
     assert ('T.sblock("resize_columns")' in script) == (mode != "pytorch_half_pixel"), script
-    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), bucket, TARGET, ArtifactStore(tmp_path))
+    outcome = compile_bucket(load_model(model, max_bytes=1 << 20), bucket, TARGET, KernelStore(tmp_path))
     assert outcome.manifest.verified is True, outcome.manifest.verification

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 from compiler.build import compile_bucket
 from compiler.model import load_model
-from compiler.store import ArtifactStore
+from compiler.store import KernelStore
 from compiler.target import resolve_target
 from tests import synthetic
 from tests.synthetic import make_model, value
@@ -227,7 +227,7 @@ def _first_match(func, bounds: dict | None = None) -> tuple[str, str] | None:
 
 @pytest.fixture
 def store(tmp_path):
-    return ArtifactStore(tmp_path / "kernels")
+    return KernelStore(tmp_path / "kernels")
 
 
 @pytest.mark.parametrize("case", list(CASES))

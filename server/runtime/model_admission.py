@@ -42,7 +42,7 @@ log = logging.getLogger("jitserve")
 BatcherFactory = Callable[[ServedModel, DynamicBatching, set[int]], DynamicBatcher]
 
 
-class Admission:
+class ModelAdmission:
     def __init__(
         self,
         settings: Settings,
