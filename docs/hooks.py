@@ -2,7 +2,7 @@
 cannot drift from it. A page asks for one with a marker line, ``<!-- generated: settings -->``:
 
 - ``settings``: every field of ``server.settings.Settings`` (its variable, flag, type, default, docstring);
-- ``metrics``: every collector of ``server.runtime.metrics.Metrics`` (name, type, labels, help);
+- ``metrics``: every collector of ``server.runtime.metrics.Metrics`` (every subsystem's) (name, type, labels, help);
 - ``model-config``: every field of the upload config, ``server.runtime.records.ModelConfig``;
 - ``http-api``: every route of the REST API, from the app's OpenAPI document;
 - ``readme``: the repository's README (the site's home page), its links made relative to ``docs/``.

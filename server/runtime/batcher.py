@@ -240,7 +240,7 @@ class DynamicBatcher:
     def _run(self, batch: list[Waiting]) -> None:
         try:
             started = time.monotonic()
-            self._metrics.record_batch(
+            self._metrics.serving.record_batch(
                 model=self.model, rows=sum(w.rows for w in batch), waits=[started - w.arrived for w in batch]
             )
             try:

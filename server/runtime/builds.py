@@ -78,7 +78,7 @@ class BucketBuilder:
             artifacts = self.kernels.artifacts
             outcome = self._compile(served.model, bucket.bucket, served.target, artifacts, options, **extra)
         except JitServeError as exc:
-            self.metrics.record_compile(model=name, target=kind, tier=tier, outcome="error", seconds=None)
+            self.metrics.compiles.record_compile(model=name, target=kind, tier=tier, outcome="error", seconds=None)
             log.warning("%s of %s %s failed: %s", tier, name, bucket.label, exc)
             transient = isinstance(exc, CompileCrashedError | CompileTimeoutError)
             return TierBuild(None, str(exc), time.perf_counter() - started, transient)
@@ -94,7 +94,7 @@ class BucketBuilder:
         if not outcome.cached:
             verdict = "ok" if manifest.verified else "verify_failed"
             unscheduled = manifest.unscheduled
-            self.metrics.record_compile(
+            self.metrics.compiles.record_compile(
                 model=name,
                 target=kind,
                 tier=tier,
@@ -102,7 +102,7 @@ class BucketBuilder:
                 seconds=manifest.compile_seconds,
                 unscheduled=len(unscheduled),
             )
-            self.metrics.record_compile_stages(model=name, stages=manifest.compile_stages or {})
+            self.metrics.compiles.record_stages(model=name, stages=manifest.compile_stages or {})
             if unscheduled:
                 log.warning("%s %s %s: no schedule rule took %d kernels (naive loops): %s", tier, name,
                             bucket.label, len(unscheduled), ", ".join(unscheduled[:8]))  # fmt: skip
@@ -153,7 +153,7 @@ class BucketBuilder:
         """Compile (or find stored) and load the bucket's TVM kernel; the build carries why it cannot serve."""
         reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
         bucket.attempts += 1
-        self.metrics.record_compile_retry(model=served.name, retried=False)
+        self.metrics.compiles.record_retry(model=served.name, retried=False)
         built = self._build(served, bucket, served.options)
         outcome = built.outcome
         if outcome is None:
@@ -162,11 +162,11 @@ class BucketBuilder:
         if not outcome.cached:
             self._remember_compile(served, bucket, outcome, reason or "first_compile")
         if reason and not outcome.cached:
-            self.metrics.record_recompile(model=served.name, reason=reason)
+            self.metrics.compiles.record_recompile(model=served.name, reason=reason)
         if built.failure:
             return built
         if outcome.cached:
-            self.metrics.record_reload(model=served.name)
+            self.metrics.kernels.record_reload(model=served.name)
         try:
             self.kernels.load(served, bucket.key)
         except JitServeError as exc:  # its weights do not fit the kernel: never served
@@ -225,7 +225,7 @@ class BucketBuilder:
         facts = (outcome.manifest.tuning if outcome else None) or {}
         if outcome is None or not outcome.cached:
             rest = max(0, facts.get("trials", 0) - live.trials)  # the trials not yet counted while it ran
-            self.metrics.record_tuning(model=served.name, trials=rest, seconds=built.seconds)
+            self.metrics.compiles.record_tuning(model=served.name, trials=rest, seconds=built.seconds)
         status = TuningStatus(
             state=TuningState.FAILED if built.failure else TuningState.DONE,
             trials=facts.get("trials") if outcome else None,
@@ -264,7 +264,7 @@ class BucketBuilder:
             bucket.fail(reason + tried)
             return
         delay = self.settings.compile_retry_seconds * 2 ** (bucket.attempts - 1)
-        self.metrics.record_compile_retry(model=served.name)
+        self.metrics.compiles.record_retry(model=served.name)
         bucket.fail(f"{reason}; retry {bucket.attempts} of {retries} in {delay:g} s", retry_in=delay)
 
     @staticmethod

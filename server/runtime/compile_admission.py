@@ -139,7 +139,7 @@ class CompileAdmission:
                 elif reason != "stored":
                     self._admitted_at.append(now)
             bucket.note(why)
-        self.metrics.record_admission(model=served.name, decision=decision, reason=_metric_reason(reason))
+        self.metrics.compiles.record_admission(model=served.name, decision=decision, reason=_metric_reason(reason))
 
     def describe(self, served: ServedModel) -> dict:
         """The model's admission facts for ``GET /models/{name}``."""
@@ -205,7 +205,7 @@ class CompileAdmission:
             f"cold: evicted for the hotter bucket {bucket.label} (cap {self.settings.max_compiled_buckets})"
         ):
             return False
-        self.metrics.record_admission(model=served.name, decision="evicted", reason="hotter_bucket")
+        self.metrics.compiles.record_admission(model=served.name, decision="evicted", reason="hotter_bucket")
         log.info("evicted %s %s for %s", served.name, coldest.label, bucket.label)
         return True
 
@@ -222,7 +222,7 @@ class CompileAdmission:
         """(new buckets within the window, whether that makes a storm); keeps the gauge true."""
         new_buckets = self._recent(served.new_buckets, now)
         storm = self._is_storm(new_buckets)
-        self.metrics.set_shape_storm(model=served.name, storm=storm)
+        self.metrics.compiles.set_shape_storm(model=served.name, storm=storm)
         return new_buckets, storm
 
     def _is_storm(self, new_buckets: int) -> bool:

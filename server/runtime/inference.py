@@ -188,7 +188,7 @@ class Inference:
             return self.pool
         if self.admission.established(job.served, job.served.find_bucket(job.plan.bucket)):
             return self.pool
-        self.metrics.record_cold_lane(model=job.served.name)
+        self.metrics.serving.record_cold_lane(model=job.served.name)
         return self.cold_pool
 
     def _take_slot(self, model: str | None) -> None:
@@ -292,7 +292,7 @@ class Inference:
             if kernel is not None:
                 engine = bucket.route or "tvm"
                 outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
-                self.metrics.record_padding(model=served.name, waste=plan.padding_waste())
+                self.metrics.serving.record_padding(model=served.name, waste=plan.padding_waste())
                 if self.shadow is not None:
                     self.shadow.offer(served, bucket, engine, arrays, outputs)
             else:
@@ -317,13 +317,13 @@ class Inference:
         if bucket.state is BucketState.COLD:
             self.admission.consider(served, bucket)
             if bucket.state is not BucketState.READY:
-                self.metrics.record_cache_lookup(model=served.name, hit=False)
+                self.metrics.kernels.record_lookup(model=served.name, hit=False)
                 return None
         key = bucket.serves_kernel_key
         if key is None:
             return None
         engine = self.kernels.get(served, key)
-        self.metrics.record_cache_lookup(model=served.name, hit=engine is not None)
+        self.metrics.kernels.record_lookup(model=served.name, hit=engine is not None)
         if engine is None:  # evicted, or routed by an earlier process
             try:
                 engine = self.kernels.load(served, key)
@@ -333,7 +333,7 @@ class Inference:
                 # Rebuilt after an eviction, it no longer builds or verifies: ONNX Runtime serves meanwhile.
                 bucket.evict(f"openvino rebuild failed: {exc}")
                 return None
-            self.metrics.record_reload(model=served.name)
+            self.metrics.kernels.record_reload(model=served.name)
         return engine
 
 

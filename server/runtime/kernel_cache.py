@@ -267,7 +267,7 @@ class Kernels:
         touch(self.artifacts, {key})  # used now: the store's budget removes the longest unused first
         # What the kernel holds: its code and workspace. The weights are the version's, shared by its kernels.
         self.cache.put(self.cache_key(served, key), engine, kernel_memory(manifest))
-        self.metrics.set_cache_entries(entries=len(self.cache))
+        self.metrics.kernels.set_entries(entries=len(self.cache))
         return engine
 
     def _open(self, served: ServedModel, key: str) -> tuple[Engine, Manifest]:
@@ -281,11 +281,11 @@ class Kernels:
     def hold(self, served: ServedModel, key: str, engine: Engine, nbytes: int) -> None:
         """Cache an engine built outside the store (OpenVINO), counting the ``nbytes`` it holds."""
         self.cache.put(self.cache_key(served, key), engine, nbytes)
-        self.metrics.set_cache_entries(entries=len(self.cache))
+        self.metrics.kernels.set_entries(entries=len(self.cache))
 
     def drop(self, served: ServedModel, key: str) -> None:
         self.cache.discard(self.cache_key(served, key))
-        self.metrics.set_cache_entries(entries=len(self.cache))
+        self.metrics.kernels.set_entries(entries=len(self.cache))
 
     def _rebuild_openvino(self, served: ServedModel, key: str) -> Engine:
         """OpenVINO for the bucket routed to it, built and verified again (evicted, or a restart)."""
@@ -316,4 +316,4 @@ class Kernels:
         (a request still running holds them until it ends)."""
         digest = served.record.digest
         if self.cache.discard_where(lambda cache_key: cache_key[1] == digest):
-            self.metrics.set_cache_entries(entries=len(self.cache))
+            self.metrics.kernels.set_entries(entries=len(self.cache))

@@ -40,8 +40,8 @@ class MemoryGuard:
         """``limit_bytes`` None: the detected limit; 0: no check. ``weights_bytes``: the weights mapped now."""
         self.limit = detected_memory_limit() if limit_bytes is None else limit_bytes
         self.metrics = metrics
-        metrics.memory_admission.set_limit(limit=self.limit)
-        metrics.before_scrape(lambda: metrics.memory_admission.set_weights(total=weights_bytes()))
+        metrics.memory.set_limit(limit=self.limit)
+        metrics.before_scrape(lambda: metrics.memory.set_weights(total=weights_bytes()))
 
     def check_upload(self, name: str, weight_bytes: int) -> None:
         """Refuse a model whose weights would take the server past its memory limit."""
@@ -51,7 +51,7 @@ class MemoryGuard:
         needed = int(UPLOAD_WEIGHT_FACTOR * weight_bytes)
         if used + needed <= self.limit:
             return
-        self.metrics.memory_admission.record_refusal()
+        self.metrics.memory.record_refusal()
         mib = 2**20
         raise InsufficientMemoryError(
             f"model {name!r} does not fit in memory: its {weight_bytes / mib:.0f} MiB of weights need about "

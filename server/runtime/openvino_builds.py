@@ -82,7 +82,9 @@ class OpenVinoBuilds:
         started = time.perf_counter()
         engine, detail, outcome = self._build(served, bucket, precision)
         seconds = time.perf_counter() - started
-        self.metrics.record_compile(model=served.name, target="llvm", tier=name, outcome=outcome, seconds=seconds)
+        self.metrics.compiles.record_compile(
+            model=served.name, target="llvm", tier=name, outcome=outcome, seconds=seconds
+        )
         if engine is None:
             log.warning("%s %s: %s", served.name, bucket.label, detail)
             bucket.openvino = {**(bucket.openvino or {}), name: {"precision": precision, "failure": detail}}

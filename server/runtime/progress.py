@@ -57,7 +57,7 @@ class TuningWatch:
             return  # not written yet, or being replaced
         if trials <= self.progress.trials:
             return
-        self.metrics.record_tuning(model=self.model, trials=trials - self.progress.trials, seconds=0.0)
+        self.metrics.compiles.record_tuning(model=self.model, trials=trials - self.progress.trials, seconds=0.0)
         self.progress = TuningProgress(trials, round(best_ms, 4) if best_ms is not None else None)
         seconds = round(time.perf_counter() - self._started, 1)
         self.bucket.set_tuning(

@@ -77,7 +77,7 @@ class Router:
             route = min(allowed, key=latency.get)
         reason = "; ".join(([unavailable] if unavailable else []) + list(refused.values())) or None
         bucket.serve(route, latency, padded_error=errors, throughput_rps=throughput, reason=reason)
-        self.metrics.record_routing(model=served.name, engine=route)
+        self.metrics.compiles.record_routing(model=served.name, engine=route)
         log.info(
             "routed %s %s to %s by %s (%s ms, %s req/s)",
             served.name,

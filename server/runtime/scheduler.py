@@ -123,7 +123,7 @@ class CompileScheduler:
         timer.start()
 
     def _update_depth(self) -> None:
-        self.metrics.set_queue_depth(depth=self.pending)
+        self.metrics.compiles.set_queue_depth(depth=self.pending)
 
     def _take(self) -> CompileJob | None:
         """The next compile: warm buckets first, then the one with the most recent traffic."""

@@ -70,7 +70,9 @@ class ModelService:
         self.models_store = ModelStore(settings.model_store_dir)
         self.artifacts = KernelStore(settings.kernel_store_dir)
         cache = KernelCache(
-            settings.kernel_cache_entries, settings.kernel_cache_bytes, on_evict=lambda _: metrics.record_eviction()
+            settings.kernel_cache_entries,
+            settings.kernel_cache_bytes,
+            on_evict=lambda _: metrics.kernels.record_eviction(),
         )
         openvino = OpenVinoBuilds(settings, metrics, self.artifacts.staging_area, threads=kernel_threads or None)
         self.kernels = Kernels(cache, self.artifacts, metrics, open_engine, openvino if openvino.enabled else None)
@@ -146,8 +148,8 @@ class ModelService:
             "store check: %d kernels ok, %d damaged removed; %d models served, %d skipped",
             kernels_ok, len(removed), models_ok, models_skipped,
         )  # fmt: skip
-        self.metrics.set_store_check(store="kernels", ok=kernels_ok, damaged=len(removed))
-        self.metrics.set_store_check(store="models", ok=models_ok, damaged=models_skipped)
+        self.metrics.kernels.set_store_check(store="kernels", ok=kernels_ok, damaged=len(removed))
+        self.metrics.kernels.set_store_check(store="models", ok=models_ok, damaged=models_skipped)
         if self.jit_enabled and self.settings.tuning_enabled:
             self.tuner.start()
         self.store_watch.start()

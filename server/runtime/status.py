@@ -33,7 +33,7 @@ def server_status(service) -> dict:
             "weights_bytes": service.kernels.weights.total_bytes,
             "limit_bytes": service.admission.memory_guard.limit or None,
         },
-        "store_check": service.metrics.store_checks,
+        "store_check": service.metrics.kernels.store_checks,
         "kernel_cache": {
             "entries": len(cache),
             "max_entries": cache.max_entries,

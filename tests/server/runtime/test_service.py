@@ -112,7 +112,7 @@ def test_a_compile_killed_or_timed_out_is_retried_with_backoff_until_it_serves(t
         wait_until(lambda: service.ready()[0])
         assert bucket.state is BucketState.READY and bucket.attempts == 3
         assert service.predict("m", {"x": rows(1)}).engine == "tvm"
-        assert service.metrics.compile_retries.labels("m")._value.get() == 2
+        assert service.metrics.compiles.retries.labels("m")._value.get() == 2
     finally:
         service.close()
 
@@ -194,7 +194,7 @@ def test_route_is_restored_after_restart_without_compile_or_timing(tmp_path, com
         described = second.describe("m")["buckets"][0]
         assert (described["state"], described["latency_ms"]) == ("ready", latency)
         assert again.total == 0
-        routed = second.metrics.routing.labels("m", "tvm")._value.get()
+        routed = second.metrics.compiles.routing.labels("m", "tvm")._value.get()
         assert routed == 0  # restored, not re-measured
     finally:
         second.close()
@@ -287,7 +287,7 @@ def test_tuning_progress_is_live_and_counted_once(tmp_path, compiler):
             assert compiler.started.wait(10)
             live = wait_until(lambda: (s := service.describe("m")["buckets"][0]["tuning"]) and s.get("trials") and s)
             assert (live["state"], live["trials"], live["best_ms"]) == ("tuning", 4, 0.25)
-            trials = service.metrics.tuning_trials.labels("m")
+            trials = service.metrics.compiles.tuning_trials.labels("m")
             assert trials._value.get() == 4  # counted while it runs
             compiler.gate.set()
             tuning.result(10)
