@@ -2,8 +2,8 @@
 cannot drift from it. A page asks for one with a marker line, ``<!-- generated: settings -->``:
 
 - ``settings``: every field of ``server.settings.Settings`` (its variable, flag, type, default, docstring);
-- ``metrics``: every collector of ``server.runtime.metrics.Metrics`` (every subsystem's) (name, type, labels, help);
-- ``model-config``: every field of the upload config, ``server.runtime.records.ModelConfig``;
+- ``metrics``: every collector of ``server.runtime.observability.metrics.Metrics`` (name, type, labels, help);
+- ``model-config``: every field of the upload config, ``server.runtime.models.records.ModelConfig``;
 - ``http-api``: every route of the REST API, from the app's OpenAPI document;
 - ``readme``: the repository's README (the site's home page), its links made relative to ``docs/``.
 """
@@ -50,7 +50,7 @@ def settings_table() -> str:
 
 
 def metrics_table() -> str:
-    from server.runtime.metrics import Metrics
+    from server.runtime.observability.metrics import Metrics
 
     metrics = Metrics()
     # The registry's collectors (prometheus_client keeps them by collector; its version is pinned).
@@ -64,7 +64,7 @@ def metrics_table() -> str:
 
 
 def model_config_table() -> str:
-    from server.runtime.records import ModelConfig
+    from server.runtime.models.records import ModelConfig
 
     rows = ["| field | type | what it sets |", "|---|---|---|"]
     for name, field in ModelConfig.model_fields.items():

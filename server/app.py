@@ -25,7 +25,7 @@ from .grpc_api.front_door import GrpcFrontDoor
 from .hot_routes import HotRoutesApp
 from .openapi import finish_openapi
 from .routes import router
-from .runtime.metrics import Metrics
+from .runtime.observability.metrics import Metrics
 from .runtime.service import ModelService
 from .settings import Settings
 from .v2 import router as v2_router

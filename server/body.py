@@ -20,7 +20,7 @@ from starlette.responses import Response
 from compiler.errors import BadRequestError, PayloadTooLargeError
 from compiler.upload import UPLOAD_MODEL_NAME, safe_relative_path
 
-from .runtime.inference import Prediction
+from .runtime.serving.inference import Prediction
 
 MAX_DATA_PARTS = 64
 UPLOAD_CHUNK = 1 << 20

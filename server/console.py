@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .console_page import CONSOLE_HTML
 from .routes import service_of
-from .runtime.status import server_status
+from .runtime.observability.status import server_status
 
 router = APIRouter()
 

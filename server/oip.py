@@ -7,7 +7,7 @@ from importlib.metadata import version as package_version
 
 from compiler.errors import NotFoundError
 
-from .runtime.registry import ServedModel
+from .runtime.models.registry import ServedModel
 from .runtime.service import ModelService
 from .v2_codec import v2_datatype
 

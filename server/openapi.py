@@ -8,7 +8,7 @@ import json
 
 from fastapi import FastAPI
 
-from .runtime.records import MODEL_NAME
+from .runtime.models.records import MODEL_NAME
 
 PATH_PARAMETERS = {
     "name": {

@@ -13,11 +13,11 @@ from compiler.upload import remove_upload
 
 from .auth import require_admin
 from .body import WireResponse, declared_size, json_bytes, read_limited, receive_upload, server_timing
-from .runtime.bodies import JsonParsers
-from .runtime.inference import Prediction
-from .runtime.registry import ServedModel
-from .runtime.requests import Lookup
+from .runtime.models.registry import ServedModel
 from .runtime.service import ModelService
+from .runtime.serving.bodies import JsonParsers
+from .runtime.serving.inference import Prediction
+from .runtime.serving.requests import Lookup
 from .schemas import (
     Health,
     ModelDescription,

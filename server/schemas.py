@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .runtime.state import BucketState, TuningStatus
+from .runtime.models.state import BucketState, TuningStatus
 
 
 class ErrorBody(BaseModel):

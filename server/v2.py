@@ -14,9 +14,9 @@ from .oip import model_metadata as model_metadata_body
 from .oip import served_version
 from .oip import server_metadata as server_metadata_body
 from .routes import service_of
-from .runtime.inference import Prediction
-from .runtime.registry import ServedModel
-from .runtime.requests import Lookup
+from .runtime.models.registry import ServedModel
+from .runtime.serving.inference import Prediction
+from .runtime.serving.requests import Lookup
 from .schemas import (
     V2InferRequest,
     V2InferResponse,

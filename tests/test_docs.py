@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from server.app import create_app
-from server.runtime.metrics import Metrics
-from server.runtime.records import ModelConfig
+from server.runtime.models.records import ModelConfig
+from server.runtime.observability.metrics import Metrics
 from server.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -356,6 +356,6 @@ def _panels_lifted(mod: tvm.ir.IRModule, block: int) -> tvm.ir.IRModule:
     from K pages of a cold weight at every call (BERT-base 1x128 ran 0.87-0.94x the time with its weights
     in panels, GPT-2 small 0.86-0.98x, side by side in one process; AMD EPYC Zen 3, AVX2). What the
     transform replaces is no second copy: the server gives the mapped pages of the weights it consumed
-    back (``server/runtime/kernel_cache.py``)."""
+    back (``server/runtime/memory/kernel_cache.py``)."""
     packed, count = panel_matmuls(mod, block)
     return relax.transform.LiftTransformParams()(relax.transform.Normalize()(packed)) if count else mod

@@ -8,7 +8,7 @@ import logging
 
 import grpc
 
-from ..runtime.metrics import Metrics
+from ..runtime.observability.metrics import Metrics
 from ..runtime.service import ModelService
 from ..settings import Settings
 from .messages import SERVICE, method_handlers

@@ -16,11 +16,11 @@ from compiler.errors import BadRequestError, JitServeError, NotFoundError
 
 from ..auth import check_admin
 from ..oip import model_metadata, served_version, server_metadata
-from ..runtime.inference import PROTOCOL, Prediction
-from ..runtime.metrics import Metrics
-from ..runtime.registry import ServedModel
-from ..runtime.requests import Lookup
+from ..runtime.models.registry import ServedModel
+from ..runtime.observability.metrics import Metrics
 from ..runtime.service import ModelService
+from ..runtime.serving.inference import PROTOCOL, Prediction
+from ..runtime.serving.requests import Lookup
 from ..v2_codec import InferRequest
 from . import messages as pb
 from .codec import decode_request, encode_response, typed_elements

@@ -23,27 +23,27 @@ from compiler.upload import load_upload_folder, upload_folder
 from compiler.worker import stop_children
 
 from ..settings import Settings
-from .allocator import fix_mmap_threshold, return_memory, return_memory_now_and_after
-from .batcher import DynamicBatcher, DynamicBatching
-from .bodies import BodyBudget, JsonParsers
-from .builds import BucketBuilder, CompileFunction
-from .compile_admission import CompileAdmission, compile_held
-from .explain import Explanations
-from .inference import Inference, Prediction
-from .kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
-from .memory_guard import MemoryGuard
-from .metrics import Metrics
-from .model_admission import ModelAdmission
-from .openvino_builds import OpenVinoBuilds
-from .records import ModelStore
-from .registry import Registry, ServedModel
-from .requests import Codec, RequestPath
-from .router import Router
-from .scheduler import CompileScheduler
-from .shadow import ShadowChecks
-from .store_janitor import StoreJanitor
-from .store_watch import StoreWatch
-from .tuner import BackgroundTuner
+from .compiling.builds import BucketBuilder, CompileFunction
+from .compiling.compile_admission import CompileAdmission, compile_held
+from .compiling.openvino_builds import OpenVinoBuilds
+from .compiling.router import Router
+from .compiling.scheduler import CompileScheduler
+from .compiling.tuner import BackgroundTuner
+from .memory.allocator import fix_mmap_threshold, return_memory, return_memory_now_and_after
+from .memory.kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
+from .memory.memory_guard import MemoryGuard
+from .models.model_admission import ModelAdmission
+from .models.records import ModelStore
+from .models.registry import Registry, ServedModel
+from .models.store_janitor import StoreJanitor
+from .models.store_watch import StoreWatch
+from .observability.explain import Explanations
+from .observability.metrics import Metrics
+from .serving.batcher import DynamicBatcher, DynamicBatching
+from .serving.bodies import BodyBudget, JsonParsers
+from .serving.inference import Inference, Prediction
+from .serving.requests import Codec, RequestPath
+from .serving.shadow import ShadowChecks
 
 T = TypeVar("T")
 

@@ -48,7 +48,7 @@ def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp
     the same share its result through the server's weight pool, which counts its bytes in place of the
     weights it consumed."""
     from compiler.engines import OrtEngine
-    from server.runtime.kernel_cache import WeightPool, open_tvm_engine
+    from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine
 
     model = load_model(convnets.residual_model(), max_bytes=1 << 24)
     store = KernelStore(tmp_path)

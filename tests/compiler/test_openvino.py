@@ -78,7 +78,7 @@ MEMORY_CHILD = """
 import json, sys
 from pathlib import Path
 import numpy as np
-from server.runtime.allocator import fix_mmap_threshold
+from server.runtime.memory.allocator import fix_mmap_threshold
 fix_mmap_threshold(1 << 20)  # the server's: a freed block goes back at once, so what is held shows
 from compiler.engines import OrtEngine
 from compiler.memory import anonymous_resident_bytes

@@ -25,7 +25,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from compiler.demo import demo_model_bytes
-from server.runtime.metrics import Metrics
+from server.runtime.observability.metrics import Metrics
 from tests import synthetic
 from tests.integration.serverproc import (
     REPO,

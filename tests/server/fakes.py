@@ -20,7 +20,7 @@ from compiler.model import load_model
 from compiler.store import LIBRARY_NAME, KernelStore, Manifest
 from compiler.tvm import COMPILER_VERSION
 from compiler.weights import save_prepared
-from server.runtime.metrics import Metrics
+from server.runtime.observability.metrics import Metrics
 from server.runtime.service import ModelService
 from server.settings import Settings
 from tests.integration.serverproc import wait_until as wait_until_slow

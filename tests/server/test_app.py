@@ -13,8 +13,8 @@ import numpy as np
 from compiler.demo import DEMO_NAME, demo_model_bytes
 from compiler.engines import OrtEngine
 from server.app import create_app, error_response
-from server.runtime.metrics import Metrics
-from server.runtime.records import MODEL_NAME
+from server.runtime.models.records import MODEL_NAME
+from server.runtime.observability.metrics import Metrics
 from server.runtime.service import ModelService
 from server.settings import Settings
 from tests.server.fakes import FakeCompiler, FakeKernels, wait_until

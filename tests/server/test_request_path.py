@@ -14,7 +14,7 @@ import numpy as np
 from compiler.demo import DEMO_NAME
 from server.grpc_api import messages as pb
 from server.grpc_api.servicer import InferenceServicer
-from server.runtime.requests import RequestPath
+from server.runtime.serving.requests import RequestPath
 from tests.server.test_app import build_app, drive
 
 X = [[1.0, 2.0, 3.0, 4.0]]
@@ -120,7 +120,7 @@ def test_a_refused_request_is_counted_under_the_model_it_named(tmp_path):
 
 
 def test_the_runtime_entry_never_imports_the_web_stack():
-    import server.runtime.requests as requests_module
+    import server.runtime.serving.requests as requests_module
 
     source = open(requests_module.__file__).read()  # noqa: SIM115 - a read
     assert "fastapi" not in source and "starlette" not in source and "grpc" not in source

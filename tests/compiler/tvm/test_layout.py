@@ -255,7 +255,7 @@ def test_an_unblocked_models_matmuls_read_panels_and_the_server_holds_the_panels
     manifest = compile_bucket(loaded, bucket, TARGET, store).manifest
     assert manifest.verified, manifest.verification
     assert manifest.weight_transform is not None and manifest.unscheduled == [], manifest.schedules
-    from server.runtime.kernel_cache import WeightPool, open_tvm_engine
+    from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine
 
     pool = WeightPool(store)
     assert pool.get(loaded.digest, "llvm").nbytes == (64 * 128 + 128 * 1001) * 4  # mapped, not yet transformed
@@ -286,7 +286,7 @@ def test_a_weight_read_by_two_matmuls_is_packed_once(tmp_path):
     """A tied weight (one initializer read by two matmuls, as shared projections are) gets one set of
     panels, which both products read: the server's pool holds one copy of it."""
     from compiler.tvm.schedules.base import vector_lanes
-    from server.runtime.kernel_cache import WeightPool, open_tvm_engine
+    from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine
 
     width = 2 * vector_lanes(tvm.target.Target(TARGET), "float32")
     shared = (np.random.default_rng(9).standard_normal((64, 64)) * 0.1).astype(np.float32)

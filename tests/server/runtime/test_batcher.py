@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.signature import Signature, TensorSpec
-from server.runtime.batcher import BatchQueue, DynamicBatcher, DynamicBatching, Waiting, find_batch_axis
-from server.runtime.metrics import Metrics
+from server.runtime.observability.metrics import Metrics
+from server.runtime.serving.batcher import BatchQueue, DynamicBatcher, DynamicBatching, Waiting, find_batch_axis
 
 
 def waiting(name: str, rows: int = 1, group: str = "g", at: float = 0.0) -> Waiting:

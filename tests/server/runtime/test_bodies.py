@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from compiler.errors import BadRequestError, UnavailableError
-from server.runtime.bodies import PROCESS_PARSE_BYTES, BodyBudget, JsonParsers
+from server.runtime.serving.bodies import PROCESS_PARSE_BYTES, BodyBudget, JsonParsers
 
 
 def test_a_body_waits_for_room_and_gets_it_when_another_is_released():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from compiler.demo import demo_model_bytes
-from server.runtime.state import BucketState
+from server.runtime.models.state import BucketState
 from tests.server.fakes import FakeCompiler, FakeKernels, make_service, wait_until
 
 DEMO = demo_model_bytes()

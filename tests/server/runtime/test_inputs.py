@@ -7,7 +7,7 @@ import pytest
 
 from compiler.errors import BadRequestError
 from compiler.signature import Signature, TensorSpec
-from server.runtime.inputs import parse_inputs
+from server.runtime.serving.inputs import parse_inputs
 
 SIGNATURE = Signature(
     inputs=(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.runtime.kernel_cache import KernelCache
+from server.runtime.memory.kernel_cache import KernelCache
 
 
 class _Kernel:

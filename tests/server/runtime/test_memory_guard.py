@@ -1,4 +1,4 @@
-"""server.runtime.memory_guard: the memory limit uploads are admitted against."""
+"""server.runtime.memory.memory_guard: the memory limit uploads are admitted against."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import psutil
 import pytest
 
 from compiler.errors import InsufficientMemoryError
-from server.runtime.memory_guard import UPLOAD_WEIGHT_FACTOR, MemoryGuard, detected_memory_limit
-from server.runtime.metrics import Metrics
+from server.runtime.memory.memory_guard import UPLOAD_WEIGHT_FACTOR, MemoryGuard, detected_memory_limit
+from server.runtime.observability.metrics import Metrics
 
 
 def test_the_detected_limit_is_the_containers_or_the_machines():

@@ -6,10 +6,10 @@ import pytest
 
 from compiler.buckets import bucket_label
 from compiler.store import StagingArea
-from server.runtime import openvino_builds
-from server.runtime.metrics import Metrics
-from server.runtime.openvino_builds import OpenVinoBuilds
-from server.runtime.state import ServedBucket
+from server.runtime.compiling import openvino_builds
+from server.runtime.compiling.openvino_builds import OpenVinoBuilds
+from server.runtime.models.state import ServedBucket
+from server.runtime.observability.metrics import Metrics
 from server.settings import Settings
 
 

@@ -1,10 +1,10 @@
-"""server.runtime.periodic: a background action that outlives its failures and stops when told."""
+"""server.runtime.models.periodic: a background action that outlives its failures and stops when told."""
 
 from __future__ import annotations
 
 import threading
 
-from server.runtime.periodic import Periodic
+from server.runtime.models.periodic import Periodic
 
 
 def test_runs_again_after_a_failure_and_stops():

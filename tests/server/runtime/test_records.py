@@ -8,14 +8,14 @@ import sys
 import time
 
 from compiler.model import model_digest
-from server.runtime.records import BucketRecord, ModelConfig, ModelRecord, ModelStore
+from server.runtime.models.records import BucketRecord, ModelConfig, ModelRecord, ModelStore
 
 DATA = b"model bytes"
 WRITERS, EACH = 4, 10
 
 WRITE = """
 import sys
-from server.runtime.records import BucketRecord, ModelStore
+from server.runtime.models.records import BucketRecord, ModelStore
 from tests.server.runtime.test_records import record
 store, what, writer = ModelStore(sys.argv[1]), sys.argv[2], sys.argv[3]
 for i in range(int(sys.argv[4])):

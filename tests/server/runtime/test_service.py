@@ -19,7 +19,7 @@ from compiler.errors import (
     UnavailableError,
     UnsupportedOperatorError,
 )
-from server.runtime.state import BucketState
+from server.runtime.models.state import BucketState
 from tests.integration.serverproc import metric_value
 from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, admit, make_service, wait_until
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from compiler.errors import IllegalTransitionError
-from server.runtime.records import BucketRecord
-from server.runtime.state import (
+from server.runtime.models.records import BucketRecord
+from server.runtime.models.state import (
     HISTORY_LENGTH,
     LEGAL_MOVES,
     RUN_WINDOW,

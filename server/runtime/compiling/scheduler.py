@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from compiler.errors import IllegalTransitionError
 
-from .metrics import Metrics
-from .registry import ServedModel
-from .state import BucketState, ServedBucket
+from ..models.registry import ServedModel
+from ..models.state import BucketState, ServedBucket
+from ..observability.metrics import Metrics
 
 log = logging.getLogger("jitserve")
 

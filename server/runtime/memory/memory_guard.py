@@ -14,7 +14,7 @@ import psutil
 from compiler.errors import InsufficientMemoryError
 from compiler.memory import process_tree_resident_bytes
 
-from .metrics import Metrics
+from ..observability.metrics import Metrics
 
 UPLOAD_WEIGHT_FACTOR = 4.0
 """Memory an upload needs per byte of its weights at its peak, measured on a 419 MiB encoder (README,

@@ -20,14 +20,14 @@ from compiler.store import COMPILER_VERSION
 from compiler.target import canonical_target, target_kind
 from compiler.tuning_plan import kernel_times
 
-from ..settings import Settings
-from .kernel_cache import Kernels
-from .metrics import Metrics
+from ...settings import Settings
+from ..memory.kernel_cache import Kernels
+from ..models.registry import ServedModel
+from ..models.state import BucketState, CompileEvent, ServedBucket, TuningState, TuningStatus
+from ..observability.metrics import Metrics
 from .openvino_builds import OPENVINO
 from .progress import TuningWatch
-from .registry import ServedModel
 from .router import Router
-from .state import BucketState, CompileEvent, ServedBucket, TuningState, TuningStatus
 
 log = logging.getLogger("jitserve")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .metrics import Metrics
+from ..observability.metrics import Metrics
 from .periodic import Periodic
 from .records import ModelStore
 

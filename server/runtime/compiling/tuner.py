@@ -7,9 +7,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ..settings import Settings
-from .registry import ServedModel
-from .state import BucketState, ServedBucket, TuningState, TuningStatus
+from ...settings import Settings
+from ..models.registry import ServedModel
+from ..models.state import BucketState, ServedBucket, TuningState, TuningStatus
 
 log = logging.getLogger("jitserve")
 

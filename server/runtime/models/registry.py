@@ -22,7 +22,7 @@ from compiler.model import LoadedModel
 from compiler.options import CompileOptions
 from compiler.precision import budget_for, compare_within_budget
 
-from .batcher import DynamicBatcher
+from ..serving.batcher import DynamicBatcher
 from .records import ModelRecord
 from .state import BucketState, ServedBucket
 

@@ -15,8 +15,8 @@ from compiler.explain_profile import TRACE_DIR
 from compiler.explain_report import REPORT_FILE, read_bundle, render_html
 from compiler.store import EXPLAIN_DIR, KernelStore
 
-from .registry import ServedModel
-from .state import ServedBucket
+from ..models.registry import ServedModel
+from ..models.state import ServedBucket
 
 ENGINES = ("tvm", "onnxruntime")
 

@@ -30,12 +30,12 @@ from compiler.options import CompileOptions
 from compiler.padding import PROBE_VERSION, default_probe_sizes, probe_padding
 from compiler.target import resolve_target
 
-from ..settings import Settings
-from .batcher import DynamicBatcher, DynamicBatching, find_batch_axis
-from .memory_guard import MemoryGuard
+from ...settings import Settings
+from ..compiling.scheduler import CompileScheduler
+from ..memory.memory_guard import MemoryGuard
+from ..serving.batcher import DynamicBatcher, DynamicBatching, find_batch_axis
 from .records import ModelConfig, ModelRecord, ModelStore, check_model_name
 from .registry import Registry, ServedModel
-from .scheduler import CompileScheduler
 
 log = logging.getLogger("jitserve")
 

@@ -15,9 +15,9 @@ from typing import Any, Protocol, TypeVar
 
 from compiler.errors import JitServeError, NotFoundError
 
+from ..models.registry import Registry, ServedModel
 from .bodies import BodyBudget, BodyRoom, JsonParsers
 from .inference import Inference, Job, Prediction
-from .registry import Registry, ServedModel
 
 T = TypeVar("T")
 

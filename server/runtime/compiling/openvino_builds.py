@@ -25,10 +25,10 @@ from compiler.precision import budget_for
 from compiler.store import StagingArea
 from compiler.target import target_kind
 
-from ..settings import Settings
-from .metrics import Metrics
-from .registry import ServedModel
-from .state import ServedBucket
+from ...settings import Settings
+from ..models.registry import ServedModel
+from ..models.state import ServedBucket
+from ..observability.metrics import Metrics
 
 log = logging.getLogger("jitserve")
 

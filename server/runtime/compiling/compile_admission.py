@@ -37,12 +37,12 @@ from collections import deque
 
 from compiler.store import KernelStore
 
-from ..settings import Settings
-from .metrics import Metrics
-from .registry import ServedModel
+from ...settings import Settings
+from ..models.registry import ServedModel
+from ..models.state import BucketState, ServedBucket
+from ..observability.metrics import Metrics
 from .router import Router
 from .scheduler import CompileScheduler
-from .state import BucketState, ServedBucket
 
 log = logging.getLogger("jitserve")
 

@@ -32,7 +32,7 @@ from compiler.options import MAX_ATOL, MAX_RTOL
 from compiler.precision import PrecisionContract
 from compiler.store import StagingArea
 
-from .batcher import DynamicBatching
+from ..serving.batcher import DynamicBatching
 from .state import CompileEvent, TuningStatus
 
 log = logging.getLogger("jitserve")

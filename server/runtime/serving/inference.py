@@ -28,14 +28,14 @@ from compiler.buckets import BucketPlan, bucket_label, pad_inputs
 from compiler.engines import Engine
 from compiler.errors import JitServeError, UnavailableError
 
-from .compile_admission import CompileAdmission
+from ..compiling.compile_admission import CompileAdmission
+from ..compiling.openvino_builds import OPENVINO
+from ..memory.kernel_cache import Kernels
+from ..models.registry import Registry, ServedModel
+from ..models.state import BucketState, ServedBucket
+from ..observability.metrics import Metrics
 from .inputs import parse_inputs
-from .kernel_cache import Kernels
-from .metrics import Metrics
-from .openvino_builds import OPENVINO
 from .priority import idle_thread_priority
-from .registry import Registry, ServedModel
-from .state import BucketState, ServedBucket
 
 if TYPE_CHECKING:
     from .shadow import ShadowChecks

@@ -30,10 +30,10 @@ from compiler.store_budget import touch
 from compiler.target import target_kind
 from compiler.weights import load_weights
 
-from .metrics import Metrics
-from .openvino_builds import KEY_PREFIX as OPENVINO_KEY_PREFIX
-from .openvino_builds import OpenVinoBuilds
-from .registry import ServedModel
+from ..compiling.openvino_builds import KEY_PREFIX as OPENVINO_KEY_PREFIX
+from ..compiling.openvino_builds import OpenVinoBuilds
+from ..models.registry import ServedModel
+from ..observability.metrics import Metrics
 
 EngineOpener = Callable[[Path, Signature, dict, list], Engine]
 CacheKey = tuple[str, str]

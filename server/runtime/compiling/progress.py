@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .metrics import Metrics
-from .state import ServedBucket, TuningState, TuningStatus
+from ..models.state import ServedBucket, TuningState, TuningStatus
+from ..observability.metrics import Metrics
 
 
 @dataclass

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from compiler.store import KernelStore
 from compiler.store_budget import Removal, enforce_budget
 
-from ..settings import Settings
-from .metrics import Metrics
+from ...settings import Settings
+from ..observability.metrics import Metrics
 from .periodic import Periodic
 from .records import ModelStore
 from .registry import ServedModel

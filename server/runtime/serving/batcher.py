@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from compiler.buckets import AxisPolicy, AxisSafety
 from compiler.signature import Signature
 
-from .metrics import Metrics
+from ..observability.metrics import Metrics
 
 
 class DynamicBatching(BaseModel):

@@ -15,11 +15,11 @@ from compiler.padding import check_axis_padding
 from compiler.store import KernelStore
 from compiler.timing import median_latencies_ms, requests_per_second
 
-from ..settings import Settings
-from .metrics import Metrics
-from .records import BucketRecord, ModelStore
-from .registry import ServedModel
-from .state import ServedBucket
+from ...settings import Settings
+from ..models.records import BucketRecord, ModelStore
+from ..models.registry import ServedModel
+from ..models.state import ServedBucket
+from ..observability.metrics import Metrics
 
 log = logging.getLogger("jitserve")
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..settings import Settings
-from .metrics import Metrics
+from ...settings import Settings
+from ..compiling.router import Router
+from ..models.registry import ServedModel
+from ..models.state import BucketState, ServedBucket
+from ..observability.metrics import Metrics
 from .priority import idle_thread_priority
-from .registry import ServedModel
-from .router import Router
-from .state import BucketState, ServedBucket
 
 log = logging.getLogger("jitserve")
 

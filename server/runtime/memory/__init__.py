@@ -1,0 +1,2 @@
+"""Memory: loaded kernels and their weights (the kernel cache), memory-aware admission of
+uploads, handing freed memory back."""

@@ -1,0 +1,1 @@
+"""Observability: every metric (one module per subsystem), explain reports, the server's status."""
