@@ -88,15 +88,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _inspect(args, settings) -> dict:
-    from .model import load_model_file
+    from .models.model import load_model_file
 
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
     return {"digest": model.digest, "opset": model.opset, **model.signature.to_json()}
 
 
 def _bucket_from_args(signature, shapes: list[tuple[str, tuple[int, ...]]]):
-    from .buckets import BucketPlanner
     from .errors import BadRequestError
+    from .shapes.buckets import BucketPlanner
 
     given = signature.with_static_inputs(dict(shapes))
     for spec in signature.inputs:
@@ -118,12 +118,12 @@ def _group_buckets(shapes: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple
 
 
 def _compile_context(args, settings, *, spinning: bool = True):
+    from .building.options import CompileOptions
+    from .building.target import resolve_target
+    from .building.threads import apply_thread_plan
     from .errors import BadRequestError
-    from .model import load_model_file
-    from .options import CompileOptions
-    from .store import KernelStore
-    from .target import resolve_target
-    from .threads import apply_thread_plan
+    from .models.model import load_model_file
+    from .storage.store import KernelStore
 
     model = load_model_file(args.model, max_bytes=settings.max_model_bytes)
     buckets = [_bucket_from_args(model.signature, group) for group in _group_buckets(args.shape)]
@@ -145,7 +145,7 @@ def _compile_context(args, settings, *, spinning: bool = True):
 
 
 def _compile(args, settings) -> list[dict]:
-    from .build import compile_bucket
+    from .building.build import compile_bucket
 
     model, buckets, target, options, store = _compile_context(args, settings)
     results = []
@@ -177,10 +177,10 @@ def _explain(args, settings) -> list[dict]:
     import shutil
     import tempfile
 
-    from .buckets import bucket_label
-    from .build import compile_bucket
-    from .explain_report import write_html
-    from .store import EXPLAIN_DIR, KernelStore
+    from .building.build import compile_bucket
+    from .explaining.explain_report import write_html
+    from .shapes.buckets import bucket_label
+    from .storage.store import EXPLAIN_DIR, KernelStore
 
     # The profile alternates the engines run by run: neither spins between runs, as the server default.
     model, buckets, target, options, _ = _compile_context(args, settings, spinning=False)
@@ -216,8 +216,8 @@ def _explain(args, settings) -> list[dict]:
 def _profile_explained(model, outcome, store, destination, *, shapes, runs) -> dict:
     """Each kernel's time beside ONNX Runtime's on the same nodes, at the shape given (a dynamic bucket
     runs it unpadded), into the bundle: the server's profile, in this process."""
-    from .build import profile_job
-    from .explain_profile import profile_stored
+    from .building.build import profile_job
+    from .explaining.explain_profile import profile_stored
 
     manifest = outcome.manifest
     sizes = {name: [d if isinstance(d, int) else shapes[name][i] for i, d in enumerate(dims)]
@@ -226,8 +226,8 @@ def _profile_explained(model, outcome, store, destination, *, shapes, runs) -> d
 
 
 def _bench(args, settings) -> list[dict]:
-    from .bench import bench_bucket
-    from .openvino_engine import openvino_available
+    from .measuring.bench import bench_bucket
+    from .running.openvino_engine import openvino_available
 
     model, buckets, target, options, store = _compile_context(args, settings)
 
@@ -253,7 +253,7 @@ def _bench(args, settings) -> list[dict]:
         for b in buckets
     ]
     if args.plot:
-        from .bench import plot_ratios
+        from .measuring.bench import plot_ratios
 
         plot_ratios(results, args.plot, title=Path(args.model).name)
         log(f"plot written to {args.plot}")
@@ -262,7 +262,7 @@ def _bench(args, settings) -> list[dict]:
 
 def main(argv: list[str] | None = None, *, prog: str = "python -m compiler") -> int:
     args = _parser(prog).parse_args(argv)
-    from .options import CompileSettings
+    from .building.options import CompileSettings
 
     try:
         settings = CompileSettings()

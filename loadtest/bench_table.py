@@ -8,7 +8,7 @@ BERT-base's 12 layers of hidden 768), takes the zoo's convnets that
 ``loadtest/zoo.py`` exported (``make zoo``), runs ``python -m compiler bench`` once per model and repeat (each
 in a fresh process, sharing one data dir: later repeats reuse the kernels), and
 prints a Markdown table of the per-bucket medians over the repeats, with each
-engine's GFLOP/s (the contractions' FLOPs, :mod:`compiler.flops`) and, as the
+engine's GFLOP/s (the contractions' FLOPs, :mod:`compiler.measuring.flops`) and, as the
 machine's reference peaks, numpy SGEMMs of 2048^3 measured at the start: one
 with OpenBLAS's kernels for the host's ISA and one with its AVX2 kernels,
 so kernels built for AVX2 on an AVX-512 machine are judged against what AVX2
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-from compiler.flops import model_flops  # noqa: E402
+from compiler.measuring.flops import model_flops  # noqa: E402
 from loadtest.zoo import ARCHITECTURES, TRANSFORMERS, zoo_path  # noqa: E402
 from tests.realmodels import CACHE, CLS, DET, DETECTOR, REC, real_model  # noqa: E402
 from tests.synthetic import bert_encoder_model  # noqa: E402

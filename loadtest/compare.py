@@ -41,7 +41,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from compiler.demo import demo_model_bytes  # noqa: E402
+from compiler.models.demo import demo_model_bytes  # noqa: E402
 from loadtest.common import free_port, start_server, wait_warm  # noqa: E402
 from server.grpc_api import messages as grpc_messages  # noqa: E402
 from tests.realmodels import CLS, real_model  # noqa: E402

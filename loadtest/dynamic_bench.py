@@ -24,12 +24,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.buckets import AxisPolicy, BucketPlanner, symbolic_dim
-from compiler.build import compile_bucket, open_kernel
-from compiler.engines import OrtEngine
-from compiler.model import load_model_file
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket, open_kernel
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model_file
+from compiler.running.engines import OrtEngine
+from compiler.shapes.buckets import AxisPolicy, BucketPlanner, symbolic_dim
+from compiler.storage.store import KernelStore
 from loadtest.bench_table import cpu_name
 from tests.realmodels import DET, REC, rapidocr_model
 

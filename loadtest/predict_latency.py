@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import config_with_warm_bucket, parse_shapes, start_server
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -29,7 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from loadtest.common import start_server
 from loadtest.compare import cpu_line
 from tests import synthetic

@@ -14,8 +14,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
-from compiler.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 from compiler.errors import JitServeError
+from compiler.models.demo import DEMO_CONFIG, DEMO_NAME, demo_model_bytes
 
 from .auth import check_exposure
 from .console import DOCS_ASSETS_URL, docs_assets

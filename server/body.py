@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from compiler.errors import BadRequestError, PayloadTooLargeError
-from compiler.upload import UPLOAD_MODEL_NAME, safe_relative_path
+from compiler.models.upload import UPLOAD_MODEL_NAME, safe_relative_path
 
 from .runtime.serving.inference import Prediction
 

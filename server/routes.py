@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from compiler.errors import BadRequestError
-from compiler.upload import remove_upload
+from compiler.models.upload import remove_upload
 
 from .auth import require_admin
 from .body import WireResponse, declared_size, json_bytes, read_limited, receive_upload, server_timing

@@ -1,6 +1,6 @@
 """jitserve's settings: one class, read from ``JITSERVE_*`` environment
 variables, every field documented. The compile settings it extends are
-:class:`compiler.options.CompileSettings` (the CLI reads those alone)."""
+:class:`compiler.building.options.CompileSettings` (the CLI reads those alone)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from compiler.options import CompileSettings
+from compiler.building.options import CompileSettings
 
 
 class Settings(CompileSettings):

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 
 from compiler.errors import BadRequestError
-from compiler.signature import Signature
+from compiler.models.signature import Signature
 
 HEADER_LENGTH = "inference-header-content-length"
 DATATYPES = {

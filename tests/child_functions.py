@@ -1,4 +1,4 @@
-"""Module-level targets for ``compiler.worker.run_in_child`` tests.
+"""Module-level targets for ``compiler.building.worker.run_in_child`` tests.
 
 The worker uses the ``spawn`` start method, so a target must be importable by
 its qualified name (``tests.child_functions.<name>``) in a fresh interpreter.
@@ -54,7 +54,7 @@ def niceness(_: object) -> int:
 
 def die_with_wrong_parent(_: object) -> None:
     """As if the process that started this one had died before it ran: it must not go on."""
-    from compiler.worker import die_with_parent
+    from compiler.building.worker import die_with_parent
 
     die_with_parent(os.getppid() + 1_000_000)
 

@@ -462,7 +462,7 @@ def many_inputs_model(count: int) -> bytes:
 def reweighted(data: bytes, seed: int) -> bytes:
     """The same architecture with new weights (a retrained model): every weight of the model (float
     initializer or Constant of 64+ elements) drawn anew, every other tensor kept."""
-    from compiler.weights import constant_value, is_weight
+    from compiler.models.weights import constant_value, is_weight
 
     model = onnx.load_from_string(data)
     rng = np.random.default_rng(seed)

@@ -18,16 +18,16 @@ import onnx
 import onnxsim
 import tvm
 
-from ..arrays import compare_outputs, random_inputs
-from ..buckets import dim_step, is_symbolic
-from ..cuda_math import use_exact_cuda_math
-from ..engines import OrtEngine, TvmEngine
+from ..building.cuda_math import use_exact_cuda_math
+from ..building.options import BuildJob, read_source
 from ..errors import CompileError, UnsupportedOperatorError
-from ..memory import anonymous_resident_bytes
-from ..options import BuildJob, read_source
-from ..profile import named_nodes
-from ..signature import fix_input_shapes
-from ..weights import GRAPH_NAME, load_weights
+from ..measuring.profile import named_nodes
+from ..models.memory import anonymous_resident_bytes
+from ..models.signature import fix_input_shapes
+from ..models.weights import GRAPH_NAME, load_weights
+from ..running.arrays import compare_outputs, random_inputs
+from ..running.engines import OrtEngine, TvmEngine
+from ..shapes.buckets import dim_step, is_symbolic
 from . import COMPILER_VERSION
 from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps

@@ -26,8 +26,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..flops import node_flops
-from ..profile import op_class
+from ..measuring.flops import node_flops
+from ..measuring.profile import op_class
 
 
 @dataclass(frozen=True)

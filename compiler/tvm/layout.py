@@ -25,7 +25,7 @@ carries no slice of a blocked map).
 The weights' own transform (OIHW to O{b}o I{b}i blocks; a matmul's weight
 to column panels, ``panels.py``) and anything else computed from weights
 alone is lifted into ``main_transform_params``, which the engine runs once
-per model version instead of once per request (``compiler.engines.TRANSFORM_PARAMS``).
+per model version instead of once per request (``compiler.running.engines.TRANSFORM_PARAMS``).
 
 Runs in the compile child only (imports TVM).
 """

@@ -75,7 +75,7 @@ class Importer(ONNXGraphImporter):
         return result  # the last op unbound: _bind names it after the node
 
     def _parse_value_proto(self, value_proto):
-        # An unnamed node is known by its first output, as :func:`compiler.profile.named_nodes` names it for
+        # An unnamed node is known by its first output, as :func:`compiler.measuring.profile.named_nodes` names it for
         # ONNX Runtime's profile: the two sides join on these names.
         name = super()._parse_value_proto(value_proto)
         if not isinstance(value_proto, onnx.NodeProto):

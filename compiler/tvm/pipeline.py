@@ -22,7 +22,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
-from ..engines import TRANSFORM_PARAMS
+from ..running.engines import TRANSFORM_PARAMS
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass

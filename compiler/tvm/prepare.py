@@ -14,8 +14,8 @@ import onnx
 import onnxsim
 from onnx import numpy_helper
 
-from ..profile import named_nodes
-from ..weights import constant_value, is_weight, save_prepared
+from ..measuring.profile import named_nodes
+from ..models.weights import constant_value, is_weight, save_prepared
 
 
 def fold_weights(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -1,7 +1,7 @@
 """MetaSchedule tuning of one bucket into the shared tuning database (:mod:`.tuning_database`).
 
 Runs in the compile child only (imports TVM). The bucket's tasks are ranked
-by what they lose (:mod:`compiler.tuning_plan`) and tuned one at a time, the
+by what they lose (:mod:`compiler.measuring.tuning_plan`) and tuned one at a time, the
 most costly first, each merged into the shared database as it ends: a run
 stopped at its time limit keeps what it tuned.
 """
@@ -26,9 +26,9 @@ from tvm import relax
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from ..engines import TRANSFORM_PARAMS
 from ..errors import CompileError
-from ..tuning_plan import TaskCost, confirmed_winner, plan_tuning
+from ..measuring.tuning_plan import TaskCost, confirmed_winner, plan_tuning
+from ..running.engines import TRANSFORM_PARAMS
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
 from .tuning_database import merge_into_shared, open_shared_database, read_trials, records_of, workload_key
@@ -110,7 +110,7 @@ def tune(
     kernel_times: dict[str, tuple[float | None, float | None]] | None = None,
     seconds: float | None = None,
 ) -> dict:
-    """Tune the fused module's tasks that lose most (:mod:`compiler.tuning_plan`), one at a time, each
+    """Tune the fused module's tasks that lose most (:mod:`compiler.measuring.tuning_plan`), one at a time, each
     merged into the shared database as it ends. With ``rpc`` (tracker ``host:port``, device key) the
     candidates are measured on the tracker's RPC servers. ``kernel_times``: the untuned kernel's explain
     profile (kernel -> its ms, ONNX Runtime's ms), which ranks the tasks; ``seconds``: no task starts that
@@ -210,7 +210,7 @@ class TuningRun:
     def _confirm_faster(self, mod, tuned, incumbent, confirmed) -> float | None:
         """Re-time ``tuned``'s fastest candidates for ``mod`` against ``incumbent`` (the record a compile
         applies now; None: none yet), side by side and turn by turn; commit into ``confirmed`` the fastest
-        of those that beat it (:func:`compiler.tuning_plan.confirmed_winner`). Returns its seconds, or None
+        of those that beat it (:func:`compiler.measuring.tuning_plan.confirmed_winner`). Returns its seconds, or None
         where none did.
 
         The fastest of hundreds of noisy measurements is the luckiest, not the fastest: on 2 shared cores,

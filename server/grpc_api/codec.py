@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from compiler.errors import BadRequestError
-from compiler.signature import Signature
+from compiler.models.signature import Signature
 
 from ..v2_codec import InferRequest, input_dtype, v2_datatype
 from . import messages as pb

@@ -14,13 +14,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from compiler.build import compile_bucket
+from compiler.building.build import compile_bucket
+from compiler.building.threads import apply_thread_plan
+from compiler.building.worker import stop_children
 from compiler.errors import ConflictError, JitServeError
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.threads import apply_thread_plan
-from compiler.upload import load_upload_folder, upload_folder
-from compiler.worker import stop_children
+from compiler.models.model import load_model
+from compiler.models.upload import load_upload_folder, upload_folder
+from compiler.storage.store import KernelStore
 
 from ..settings import Settings
 from .compiling.builds import BucketBuilder, CompileFunction

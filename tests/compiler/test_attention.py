@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.build import compile_bucket, open_kernel
-from compiler.engines import OrtEngine
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket, open_kernel
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.running.engines import OrtEngine
+from compiler.storage.store import KernelStore
 from tests import synthetic
 
 pytest.importorskip("tvm")

@@ -1,4 +1,4 @@
-"""compiler.buckets: axis policies, request -> bucket plans, pad and unpad."""
+"""compiler.shapes.buckets: axis policies, request -> bucket plans, pad and unpad."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
-from compiler.buckets import (
+from compiler.errors import BadRequestError, ShapeOutOfRangeError
+from compiler.models.signature import Signature, read_signature
+from compiler.running.engines import OrtEngine
+from compiler.shapes.buckets import (
     AxisPolicy,
     AxisSafety,
     BucketPlan,
@@ -19,9 +22,6 @@ from compiler.buckets import (
     pad_inputs,
     tail_sizes,
 )
-from compiler.engines import OrtEngine
-from compiler.errors import BadRequestError, ShapeOutOfRangeError
-from compiler.signature import Signature, read_signature
 from tests import synthetic
 
 SAFE_BATCH = AxisSafety(axis="batch", safe=True, reason="test", output_axes={"y": [0]})

@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from compiler.build import bucket_key, compile_bucket
-from compiler.engines import OrtEngine
-from compiler.model import load_model_file
-from compiler.options import CompileOptions
-from compiler.padding import check_axis_padding
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import bucket_key, compile_bucket
+from compiler.building.options import CompileOptions
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model_file
+from compiler.running.engines import OrtEngine
+from compiler.shapes.padding import check_axis_padding
+from compiler.storage.store import KernelStore
 from tests.realmodels import CLS, REC, rapidocr_model
 
 pytestmark = pytest.mark.slow
@@ -34,9 +34,9 @@ RELOAD_AND_RUN = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     started = time.perf_counter()
-    from compiler.engines import OrtEngine, TvmEngine
-    from compiler.arrays import random_inputs
-    from compiler.weights import load_weights
+    from compiler.running.engines import OrtEngine, TvmEngine
+    from compiler.running.arrays import random_inputs
+    from compiler.models.weights import load_weights
     spec = json.loads(sys.argv[1])
     weights = load_weights(Path(spec["prepared"]))
     kernel = TvmEngine(spec["library"], ["x"], spec["outputs"], weights=[weights[n] for n in spec["weights"]])

@@ -7,12 +7,12 @@ import signal
 
 import pytest
 
-from compiler.build import compile_bucket
+from compiler.building.build import compile_bucket
+from compiler.building.options import CompileOptions, CompileSettings
+from compiler.building.target import resolve_target
 from compiler.errors import CompileCrashedError, CompileOutOfMemoryError, UnsupportedOperatorError
-from compiler.model import load_model
-from compiler.options import CompileOptions, CompileSettings
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from tests import synthetic
 
 
@@ -126,8 +126,8 @@ def test_one_dynamic_kernel_serves_every_size(store, data, bucket, sizes):
     """The dynamic-shape tier: a named dim stays symbolic, one kernel runs every size of it."""
     import numpy as np
 
-    from compiler.build import open_kernel
-    from compiler.engines import OrtEngine
+    from compiler.building.build import open_kernel
+    from compiler.running.engines import OrtEngine
 
     model = _load(data)
     outcome = compile_bucket(model, bucket, resolve_target("llvm"), store, verify_sizes=sizes)

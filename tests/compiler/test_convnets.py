@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.build import compile_bucket
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from tests import convnets
 
 TARGET = resolve_target("llvm")
@@ -47,7 +47,7 @@ def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp
     """The weight transform (OIHW -> blocked) runs once per model version: two buckets whose transform is
     the same share its result through the server's weight pool, which counts its bytes in place of the
     weights it consumed."""
-    from compiler.engines import OrtEngine
+    from compiler.running.engines import OrtEngine
     from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine
 
     model = load_model(convnets.residual_model(), max_bytes=1 << 24)

@@ -10,11 +10,11 @@ import tvm_ffi
 from tvm.script import tirx as T
 from tvm.support import nvcc
 
-from compiler.build import compile_bucket
-from compiler.cuda_math import compile_cuda_exactly, use_exact_cuda_math
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket
+from compiler.building.cuda_math import compile_cuda_exactly, use_exact_cuda_math
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from tests import convnets
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.arrays import random_inputs
-from compiler.build import compile_bucket
-from compiler.engines import OrtEngine, TvmEngine
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
-from compiler.weights import load_weights
+from compiler.building.build import compile_bucket
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.models.weights import load_weights
+from compiler.running.arrays import random_inputs
+from compiler.running.engines import OrtEngine, TvmEngine
+from compiler.storage.store import KernelStore
 from tests import convnets
 from tests.realmodels import CLS, DET, REC, rapidocr_model
 from tests.synthetic import bert_encoder_model

@@ -11,13 +11,13 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.build import compile_bucket
+from compiler.building.build import compile_bucket
+from compiler.building.options import CompileOptions
+from compiler.building.target import resolve_target
 from compiler.cli import main
-from compiler.flops import model_flops
-from compiler.model import load_model
-from compiler.options import CompileOptions
-from compiler.store import EXPLAIN_DIR, KernelStore
-from compiler.target import resolve_target
+from compiler.measuring.flops import model_flops
+from compiler.models.model import load_model
+from compiler.storage.store import EXPLAIN_DIR, KernelStore
 from tests import synthetic
 
 TARGET = resolve_target("llvm")
@@ -129,7 +129,7 @@ def test_profile_join_charges_folded_and_renamed_nodes_to_their_kernel():
     import onnx
     from onnx import helper
 
-    from compiler.explain_profile import _node_matcher
+    from compiler.explaining.explain_profile import _node_matcher
 
     source = helper.make_graph(
         [
@@ -173,8 +173,8 @@ class _RunsRecorded:
 def test_the_profile_alternates_the_engines_run_by_run(tmp_path):
     """A machine's load shifts both engines alike only if they take turns: each timed ONNX Runtime run
     falls between two kernel runs, and both profiles count every timed run once."""
-    from compiler.build import open_kernel
-    from compiler.explain_profile import profile_bucket
+    from compiler.building.build import open_kernel
+    from compiler.explaining.explain_profile import profile_bucket
 
     model = load_model(synthetic.fpn_model(), max_bytes=1 << 24)
     store = KernelStore(tmp_path / "kernels")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper, numpy_helper
 
-from compiler.flops import model_flops
+from compiler.measuring.flops import model_flops
 from tests.synthetic import make_model, value
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from compiler.indices import index_bounds
+from compiler.models.indices import index_bounds
 from tests import synthetic
 from tests.synthetic import make_model, value
 
@@ -109,7 +109,7 @@ def test_an_input_captured_by_a_subgraph_is_unchecked():
 
 
 def test_seeded_inputs_stay_inside_a_small_table():
-    from compiler.arrays import random_inputs
+    from compiler.running.arrays import random_inputs
 
     bounds = index_bounds(onnx.load_from_string(synthetic.embedding_model(vocab=3)))
     assert bounds.limits == {"ids": 3}

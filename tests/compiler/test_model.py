@@ -1,4 +1,4 @@
-"""compiler.model.load_model: what it accepts and how it refuses the rest."""
+"""compiler.models.model.load_model: what it accepts and how it refuses the rest."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.errors import InvalidModelError, PayloadTooLargeError
-from compiler.model import LoadedModel, load_model, load_model_file, model_digest
+from compiler.models.model import LoadedModel, load_model, load_model_file, model_digest
 from tests import synthetic
 from tests.synthetic import make_model, value
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from compiler.engines import OrtEngine
 from compiler.errors import BadRequestError, CompileError
-from compiler.model import load_model
-from compiler.openvino_engine import OpenVinoEngine, verify_openvino
+from compiler.models.model import load_model
+from compiler.running.engines import OrtEngine
+from compiler.running.openvino_engine import OpenVinoEngine, verify_openvino
 from tests import convnets, synthetic
 from tests.realmodels import REC, real_model
 
@@ -80,10 +80,10 @@ from pathlib import Path
 import numpy as np
 from server.runtime.memory.allocator import fix_mmap_threshold
 fix_mmap_threshold(1 << 20)  # the server's: a freed block goes back at once, so what is held shows
-from compiler.engines import OrtEngine
-from compiler.memory import anonymous_resident_bytes
-from compiler.model import load_model
-from compiler.openvino_engine import OpenVinoEngine, verify_openvino
+from compiler.running.engines import OrtEngine
+from compiler.models.memory import anonymous_resident_bytes
+from compiler.models.model import load_model
+from compiler.running.openvino_engine import OpenVinoEngine, verify_openvino
 from tests import synthetic
 data = synthetic.bert_encoder_model(layers=4, hidden=768, heads=12, seq=128)
 model = load_model(data, max_bytes=1 << 30)

@@ -1,4 +1,4 @@
-"""compiler.padding.check_axis_padding with onnxruntime as the engine."""
+"""compiler.shapes.padding.check_axis_padding with onnxruntime as the engine."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import threading
 import onnx
 import pytest
 
-from compiler.buckets import AxisPolicy, BucketPlanner
-from compiler.engines import OrtEngine
 from compiler.errors import UnavailableError
-from compiler.padding import check_axis_padding, default_probe_sizes, probe_padding
-from compiler.signature import read_signature
+from compiler.models.signature import read_signature
+from compiler.running.engines import OrtEngine
+from compiler.shapes.buckets import AxisPolicy, BucketPlanner
+from compiler.shapes.padding import check_axis_padding, default_probe_sizes, probe_padding
 from tests import synthetic
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from compiler.engines import OrtEngine
 from compiler.errors import CompileError
-from compiler.openvino_engine import OpenVinoEngine, missing_precision, openvino_capabilities, verify_openvino
-from compiler.precision import (
+from compiler.running.engines import OrtEngine
+from compiler.running.openvino_engine import OpenVinoEngine, missing_precision, openvino_capabilities, verify_openvino
+from compiler.running.precision import (
     AccuracyBudget,
     PrecisionContract,
     budget_for,

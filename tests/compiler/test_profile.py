@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from compiler.build import compile_bucket, open_kernel
-from compiler.model import load_model
-from compiler.profile import compare_by_class, format_profile, kernel_profile, op_class, ort_profile
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket, open_kernel
+from compiler.building.target import resolve_target
+from compiler.measuring.profile import compare_by_class, format_profile, kernel_profile, op_class, ort_profile
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from tests.synthetic import make_model, value
 
 
@@ -87,8 +87,8 @@ def test_profile_times_every_kernel_and_every_onnxruntime_node(tmp_path):
 
 
 def test_requests_per_second_runs_callers_side_by_side():
-    from compiler.engines import OrtEngine
-    from compiler.timing import requests_per_second
+    from compiler.measuring.timing import requests_per_second
+    from compiler.running.engines import OrtEngine
 
     ort = OrtEngine(_mlp(), threads=1)
     inputs = {"x": np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)}

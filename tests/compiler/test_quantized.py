@@ -11,9 +11,9 @@ import pytest
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
-from compiler.arrays import compare_outputs
-from compiler.model import load_model
-from compiler.quantized import integer_ops, output_steps
+from compiler.models.model import load_model
+from compiler.models.quantized import integer_ops, output_steps
+from compiler.running.arrays import compare_outputs
 from tests import convnets, synthetic
 
 

@@ -1,4 +1,4 @@
-"""compiler.signature.read_signature: dtypes, dims and symbolic axes."""
+"""compiler.models.signature.read_signature: dtypes, dims and symbolic axes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 from compiler.errors import InvalidModelError
-from compiler.signature import Signature, TensorSpec, read_signature
+from compiler.models.signature import Signature, TensorSpec, read_signature
 from tests import synthetic
 from tests.synthetic import make_model, value
 

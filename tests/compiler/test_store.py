@@ -1,4 +1,4 @@
-"""compiler.store: artifact keys and the atomic, content-addressed store.
+"""compiler.storage.store: artifact keys and the atomic, content-addressed store.
 
 ``kernel.so`` is a dummy file here: the store never loads it.
 """
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from compiler.store import (
+from compiler.storage.store import (
     LIBRARY_NAME,
     MANIFEST_NAME,
     KernelStore,
@@ -306,7 +306,7 @@ def test_open_keeps_another_hosts_staging_until_it_is_a_day_old(tmp_path):
 
 HOLD_LEASE = """
 import sys, time
-from compiler.store import KernelStore
+from compiler.storage.store import KernelStore
 store = KernelStore(sys.argv[1])
 with store.lease(sys.argv[2], max_wait=60) as lease:
     print("held" if lease.held else "not held", flush=True)

@@ -1,4 +1,4 @@
-"""compiler.store_budget: which kernels and prepared weights a store over its budget removes, and in
+"""compiler.storage.store_budget: which kernels and prepared weights a store over its budget removes, and in
 which order. Entries are real store entries (committed kernels, prepared folders) whose library is a
 dummy file: the budget never loads one."""
 
@@ -10,8 +10,9 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from compiler.store import KernelStore
-from compiler.store_budget import (
+from compiler.models.weights import save_prepared
+from compiler.storage.store import KernelStore
+from compiler.storage.store_budget import (
     LEAST_RECENTLY_USED,
     UNREFERENCED,
     enforce_budget,
@@ -19,7 +20,6 @@ from compiler.store_budget import (
     store_entries,
     touch,
 )
-from compiler.weights import save_prepared
 from tests.compiler.test_store import _commit
 
 HOUR = 3600.0

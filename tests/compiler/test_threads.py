@@ -8,12 +8,12 @@ import sys
 
 import numpy as np
 
-from compiler.target import host_cores
-from compiler.timing import median_latencies_ms
+from compiler.building.target import host_cores
+from compiler.measuring.timing import median_latencies_ms
 
 _PROBE = """
 import json, sys
-from compiler.threads import apply_thread_plan
+from compiler.building.threads import apply_thread_plan
 planned = apply_thread_plan(int(sys.argv[1]))
 import tvm
 print(json.dumps({"planned": planned, "tvm": tvm.get_global_func("runtime.NumThreads")()}))

@@ -9,14 +9,14 @@ import textwrap
 
 import pytest
 
-from compiler.build import compile_bucket, profile_kernel
-from compiler.demo import demo_model_bytes
+from compiler.building.build import compile_bucket, profile_kernel
+from compiler.building.options import CompileOptions
+from compiler.building.target import resolve_target
 from compiler.errors import CompileError
-from compiler.model import load_model
-from compiler.options import CompileOptions
-from compiler.store import KernelStore
-from compiler.target import resolve_target
-from compiler.tuning_plan import kernel_times
+from compiler.measuring.tuning_plan import kernel_times
+from compiler.models.demo import demo_model_bytes
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from compiler.tvm.tuning import intrinsic_families
 from tests.rpcfleet import RpcFleet
 
@@ -29,7 +29,7 @@ APPLY_IN_FRESH_PROCESS = textwrap.dedent(
     import json, sys
     import onnx, tvm
     from tvm import relax
-    from compiler.demo import demo_model_bytes
+    from compiler.models.demo import demo_model_bytes
     from compiler.tvm.pipeline import tuned_module_passes
     from compiler.tvm.tuning_database import open_shared_database
     from compiler.tvm.build import import_relax, specialize

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler.tuning_plan import TaskCost, confirmed_winner, kernel_times, plan_tuning
+from compiler.measuring.tuning_plan import TaskCost, confirmed_winner, kernel_times, plan_tuning
 
 
 def _trials(planned) -> dict[str, int]:

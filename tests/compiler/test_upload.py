@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.engines import OrtEngine
 from compiler.errors import BadRequestError, InvalidModelError, PayloadTooLargeError
-from compiler.upload import UPLOAD_MODEL_NAME, load_upload, load_upload_folder
+from compiler.models.upload import UPLOAD_MODEL_NAME, load_upload, load_upload_folder
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 
 MAX = 1 << 30

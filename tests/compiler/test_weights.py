@@ -8,13 +8,13 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler import weights as weights_module
-from compiler.build import compile_bucket, open_kernel
-from compiler.engines import OrtEngine
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
-from compiler.weights import graph_digest, load_weights, weight_bytes
+from compiler.building.build import compile_bucket, open_kernel
+from compiler.building.target import resolve_target
+from compiler.models import weights as weights_module
+from compiler.models.model import load_model
+from compiler.models.weights import graph_digest, load_weights, weight_bytes
+from compiler.running.engines import OrtEngine
+from compiler.storage.store import KernelStore
 from tests import synthetic
 
 BERT = {"layers": 1, "hidden": 64, "heads": 4, "seq": 16}

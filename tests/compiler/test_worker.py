@@ -1,4 +1,4 @@
-"""compiler.worker.run_in_child: results, typed errors, crashes, timeouts."""
+"""compiler.building.worker.run_in_child: results, typed errors, crashes, timeouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from compiler import worker
+from compiler.building import worker
+from compiler.building.worker import run_in_child, stop_children
 from compiler.errors import (
     BadRequestError,
     CompileCrashedError,
@@ -18,7 +19,6 @@ from compiler.errors import (
     CompileTimeoutError,
     UnsupportedOperatorError,
 )
-from compiler.worker import run_in_child, stop_children
 from tests import child_functions
 
 

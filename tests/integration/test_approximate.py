@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess
 from tests.integration.test_serving import upload, wait_ready

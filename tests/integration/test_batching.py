@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import upload, wait_ready

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from compiler.demo import demo_model_bytes
-from compiler.engines import OrtEngine
+from compiler.models.demo import demo_model_bytes
+from compiler.running.engines import OrtEngine
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import settled_bucket, upload
 

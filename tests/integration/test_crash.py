@@ -9,7 +9,7 @@ import time
 import httpx
 import psutil
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import settled_bucket, upload
 

@@ -10,7 +10,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests.compiler.test_cuda_device import _cuda_present
 from tests.integration.serverproc import ServerProcess
 from tests.integration.test_serving import settled_bucket

@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 
-from compiler.engines import OrtEngine
-from compiler.store import EXPLAIN_DIR, KernelStore
+from compiler.running.engines import OrtEngine
+from compiler.storage.store import EXPLAIN_DIR, KernelStore
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import settled_bucket, upload

@@ -20,8 +20,8 @@ import tritonclient.grpc as triton
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from compiler.demo import demo_model_bytes
-from compiler.engines import OrtEngine
+from compiler.models.demo import demo_model_bytes
+from compiler.running.engines import OrtEngine
 from server.grpc_api import messages as pb
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, free_port, metric_value, wait_until

@@ -24,7 +24,7 @@ import tritonclient.grpc as triton
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from server.runtime.observability.metrics import Metrics
 from tests import synthetic
 from tests.integration.serverproc import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests.integration.serverproc import ServerProcess, wait_until
 from tests.integration.test_serving import predict, upload
 from tests.realmodels import CLS, DET, REC, rapidocr_model

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from onnxruntime.quantization import QuantFormat
 
-from compiler.engines import OrtEngine
-from compiler.model import load_model
+from compiler.models.model import load_model
+from compiler.running.engines import OrtEngine
 from tests import convnets
 from tests.compiler.test_quantized import dynamic_quantized_encoder, static_quantized_convnet
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until

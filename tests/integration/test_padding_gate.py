@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 
-from compiler.engines import OrtEngine
-from compiler.padding import PROBE_VERSION
+from compiler.running.engines import OrtEngine
+from compiler.shapes.padding import PROBE_VERSION
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import predict, settled_bucket, upload

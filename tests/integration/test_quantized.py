@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests.compiler.test_quantized import dynamic_quantized_encoder
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import predict, settled_bucket, upload

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests.integration.serverproc import ServerProcess
 from tests.integration.test_serving import settled_bucket
 from tests.realmodels import DETECTOR, MAGIKA, VAD, real_model

@@ -17,10 +17,10 @@ import numpy as np
 import psutil
 import pytest
 
-from compiler.buckets import bucket_label
-from compiler.demo import demo_model_bytes
-from compiler.engines import OrtEngine
-from compiler.store import KernelStore
+from compiler.models.demo import demo_model_bytes
+from compiler.running.engines import OrtEngine
+from compiler.shapes.buckets import bucket_label
+from compiler.storage.store import KernelStore
 from tests.integration.serverproc import ServerProcess, metric_value, variant, wait_until
 from tests.integration.test_crash import compile_children
 from tests.integration.test_serving import upload

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value, variant, wait_until
 from tests.realmodels import CLS, rapidocr_model

@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import predict, settled_bucket, upload

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, wait_until
 from tests.integration.test_crash import WARM, compile_children

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from compiler.demo import demo_model_bytes
-from compiler.engines import OrtEngine
+from compiler.models.demo import demo_model_bytes
+from compiler.running.engines import OrtEngine
 from loadtest.compare import v2_binary_body
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import upload, wait_ready

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import upload
 from tests.rpcfleet import RpcFleet

@@ -11,7 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from compiler.engines import OrtEngine
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 from tests.compiler.test_upload import save_with_external_data
 from tests.integration.serverproc import ServerProcess

@@ -15,8 +15,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from compiler.demo import demo_model_bytes
-from compiler.engines import OrtEngine
+from compiler.models.demo import demo_model_bytes
+from compiler.running.engines import OrtEngine
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess
 from tests.integration.test_serving import upload

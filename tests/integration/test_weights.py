@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from compiler.engines import OrtEngine
-from compiler.store import KernelStore
-from compiler.weights import weight_bytes
+from compiler.models.weights import weight_bytes
+from compiler.running.engines import OrtEngine
+from compiler.storage.store import KernelStore
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value, new_graph_variant, wait_until
 from tests.integration.test_serving import predict, upload, wait_ready

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from compiler.build import CompileOutcome, bucket_key
-from compiler.engines import Engine, OrtEngine
-from compiler.model import load_model
-from compiler.store import LIBRARY_NAME, KernelStore, Manifest
+from compiler.building.build import CompileOutcome, bucket_key
+from compiler.models.model import load_model
+from compiler.models.weights import save_prepared
+from compiler.running.engines import Engine, OrtEngine
+from compiler.storage.store import LIBRARY_NAME, KernelStore, Manifest
 from compiler.tvm import COMPILER_VERSION
-from compiler.weights import save_prepared
 from server.runtime.observability.metrics import Metrics
 from server.runtime.service import ModelService
 from server.settings import Settings

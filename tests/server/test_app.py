@@ -10,8 +10,8 @@ import json
 import httpx
 import numpy as np
 
-from compiler.demo import DEMO_NAME, demo_model_bytes
-from compiler.engines import OrtEngine
+from compiler.models.demo import DEMO_NAME, demo_model_bytes
+from compiler.running.engines import OrtEngine
 from server.app import create_app, error_response
 from server.runtime.models.records import MODEL_NAME
 from server.runtime.observability.metrics import Metrics

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from compiler.errors import BadRequestError, NotFoundError, PayloadTooLargeError, UnavailableError
-from compiler.signature import Signature, TensorSpec
+from compiler.models.signature import Signature, TensorSpec
 from server.grpc_api import messages as pb
 from server.grpc_api.codec import decode_request, encode_response, typed_elements
 from server.grpc_api.messages import DESCRIPTOR_SET, POOL, SERVICE

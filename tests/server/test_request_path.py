@@ -11,7 +11,7 @@ import json
 import httpx
 import numpy as np
 
-from compiler.demo import DEMO_NAME
+from compiler.models.demo import DEMO_NAME
 from server.grpc_api import messages as pb
 from server.grpc_api.servicer import InferenceServicer
 from server.runtime.serving.requests import RequestPath

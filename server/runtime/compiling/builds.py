@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from compiler.build import CompileOutcome, compile_bucket
-from compiler.engines import Engine
+from compiler.building.build import CompileOutcome, compile_bucket
+from compiler.building.options import CompileOptions
+from compiler.building.target import canonical_target, target_kind
 from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeError
-from compiler.options import CompileOptions
-from compiler.store import COMPILER_VERSION
-from compiler.target import canonical_target, target_kind
-from compiler.tuning_plan import kernel_times
+from compiler.measuring.tuning_plan import kernel_times
+from compiler.running.engines import Engine
+from compiler.storage.store import COMPILER_VERSION
 
 from ...settings import Settings
 from ..memory.kernel_cache import Kernels
@@ -122,7 +122,7 @@ class BucketBuilder:
             return
         built: TierBuild | None = None
         candidates: dict[str, Engine] = {}
-        if served.model.integer_ops:  # no compile spent where TVM can only lose (compiler/quantized.py)
+        if served.model.integer_ops:  # no compile spent where TVM can only lose (compiler/models/quantized.py)
             failure = (
                 f"not compiled: a quantized graph ({', '.join(served.model.integer_ops)}), whose integer "
                 "arithmetic TVM would run in float"

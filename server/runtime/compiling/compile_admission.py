@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 
-from compiler.store import KernelStore
+from compiler.storage.store import KernelStore
 
 from ...settings import Settings
 from ..models.registry import ServedModel

@@ -13,17 +13,17 @@ import logging
 import time
 from dataclasses import dataclass
 
+from compiler.building.target import target_kind
 from compiler.errors import JitServeError
-from compiler.openvino_engine import (
+from compiler.running.openvino_engine import (
     OpenVinoEngine,
     engine_name,
     openvino_available,
     openvino_version,
     verify_openvino,
 )
-from compiler.precision import budget_for
-from compiler.store import StagingArea
-from compiler.target import target_kind
+from compiler.running.precision import budget_for
+from compiler.storage.store import StagingArea
 
 from ...settings import Settings
 from ..models.registry import ServedModel

@@ -8,12 +8,12 @@ import logging
 
 import numpy as np
 
-from compiler.arrays import random_inputs
-from compiler.buckets import BucketPlan, BucketPlanner, bucket_label
-from compiler.engines import Engine
-from compiler.padding import check_axis_padding
-from compiler.store import KernelStore
-from compiler.timing import median_latencies_ms, requests_per_second
+from compiler.measuring.timing import median_latencies_ms, requests_per_second
+from compiler.running.arrays import random_inputs
+from compiler.running.engines import Engine
+from compiler.shapes.buckets import BucketPlan, BucketPlanner, bucket_label
+from compiler.shapes.padding import check_axis_padding
+from compiler.storage.store import KernelStore
 
 from ...settings import Settings
 from ..models.records import BucketRecord, ModelStore

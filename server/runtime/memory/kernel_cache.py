@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.engines import Engine, TransformedWeights, TvmEngine, device_weights
+from compiler.building.target import target_kind
 from compiler.errors import CompileError
-from compiler.signature import Signature
-from compiler.store import KernelStore, Manifest
-from compiler.store_budget import touch
-from compiler.target import target_kind
-from compiler.weights import load_weights
+from compiler.models.signature import Signature
+from compiler.models.weights import load_weights
+from compiler.running.engines import Engine, TransformedWeights, TvmEngine, device_weights
+from compiler.storage.store import KernelStore, Manifest
+from compiler.storage.store_budget import touch
 
 from ..compiling.openvino_builds import KEY_PREFIX as OPENVINO_KEY_PREFIX
 from ..compiling.openvino_builds import OpenVinoBuilds

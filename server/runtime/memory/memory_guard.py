@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from compiler.errors import InsufficientMemoryError
-from compiler.memory import process_tree_resident_bytes
+from compiler.models.memory import process_tree_resident_bytes
 
 from ..observability.metrics import Metrics
 

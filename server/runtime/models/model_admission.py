@@ -13,9 +13,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from compiler.buckets import AxisSafety, BucketPlanner
-from compiler.build import bucket_key
-from compiler.engines import OrtEngine
+from compiler.building.build import bucket_key
+from compiler.building.options import CompileOptions
+from compiler.building.target import resolve_target
 from compiler.errors import (
     BadRequestError,
     ConflictError,
@@ -24,11 +24,11 @@ from compiler.errors import (
     NotFoundError,
     UnavailableError,
 )
-from compiler.memory import check_model_fits, check_sizes_fit
-from compiler.model import LoadedModel, load_model
-from compiler.options import CompileOptions
-from compiler.padding import PROBE_VERSION, default_probe_sizes, probe_padding
-from compiler.target import resolve_target
+from compiler.models.memory import check_model_fits, check_sizes_fit
+from compiler.models.model import LoadedModel, load_model
+from compiler.running.engines import OrtEngine
+from compiler.shapes.buckets import AxisSafety, BucketPlanner
+from compiler.shapes.padding import PROBE_VERSION, default_probe_sizes, probe_padding
 
 from ...settings import Settings
 from ..compiling.scheduler import CompileScheduler

@@ -25,12 +25,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from compiler.buckets import AxisPolicy, AxisSafety
+from compiler.building.options import MAX_ATOL, MAX_RTOL
 from compiler.errors import BadRequestError
-from compiler.model import model_digest
-from compiler.options import MAX_ATOL, MAX_RTOL
-from compiler.precision import PrecisionContract
-from compiler.store import StagingArea
+from compiler.models.model import model_digest
+from compiler.running.precision import PrecisionContract
+from compiler.shapes.buckets import AxisPolicy, AxisSafety
+from compiler.storage.store import StagingArea
 
 from ..serving.batcher import DynamicBatching
 from .state import CompileEvent, TuningStatus
@@ -126,7 +126,7 @@ class ModelRecord(BaseModel):
     config: ModelConfig
     safety: dict[str, AxisSafety]
     probe_version: int = 1
-    """The padding probe that made ``safety`` (``compiler.padding.PROBE_VERSION``); records from before it
+    """The padding probe that made ``safety`` (``compiler.shapes.padding.PROBE_VERSION``); records from before it
     was kept made theirs with version 1."""
     created_at: float
     buckets: dict[str, BucketRecord] = Field(default_factory=dict)

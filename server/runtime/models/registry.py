@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.arrays import Comparison, compare_outputs
-from compiler.buckets import AxisSafety, Bucket, BucketPlanner, bucket_label, is_symbolic
-from compiler.engines import OrtEngine
+from compiler.building.options import CompileOptions
 from compiler.errors import NotFoundError
-from compiler.model import LoadedModel
-from compiler.options import CompileOptions
-from compiler.precision import budget_for, compare_within_budget
+from compiler.models.model import LoadedModel
+from compiler.running.arrays import Comparison, compare_outputs
+from compiler.running.engines import OrtEngine
+from compiler.running.precision import budget_for, compare_within_budget
+from compiler.shapes.buckets import AxisSafety, Bucket, BucketPlanner, bucket_label, is_symbolic
 
 from ..serving.batcher import DynamicBatcher
 from .records import ModelRecord

@@ -24,8 +24,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, model_serializer
 
-from compiler.buckets import Bucket, is_symbolic
 from compiler.errors import IllegalTransitionError
+from compiler.shapes.buckets import Bucket, is_symbolic
 
 
 class BucketState(StrEnum):

@@ -1,6 +1,6 @@
 """Keeps the artifact store within ``kernel_store_bytes``: a background sweep
 that tells the store what is still referenced and in use, and removes the
-rest in the order :mod:`compiler.store_budget` sets (kernels of deleted models
+rest in the order :mod:`compiler.storage.store_budget` sets (kernels of deleted models
 and superseded versions first, after a grace period; then the least recently
 used). Every replica on a shared store sweeps; a kernel any of them holds in
 memory is touched at each sweep and so never looks idle."""
@@ -11,8 +11,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from compiler.store import KernelStore
-from compiler.store_budget import Removal, enforce_budget
+from compiler.storage.store import KernelStore
+from compiler.storage.store_budget import Removal, enforce_budget
 
 from ...settings import Settings
 from ..observability.metrics import Metrics

@@ -9,11 +9,11 @@ import re
 import threading
 from pathlib import Path
 
-from compiler.build import profile_kernel
+from compiler.building.build import profile_kernel
 from compiler.errors import BadRequestError, ConflictError, JitServeError, NotFoundError
-from compiler.explain_profile import TRACE_DIR
-from compiler.explain_report import REPORT_FILE, read_bundle, render_html
-from compiler.store import EXPLAIN_DIR, KernelStore
+from compiler.explaining.explain_profile import TRACE_DIR
+from compiler.explaining.explain_report import REPORT_FILE, read_bundle, render_html
+from compiler.storage.store import EXPLAIN_DIR, KernelStore
 
 from ..models.registry import ServedModel
 from ..models.state import ServedBucket

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from compiler.memory import process_tree_resident_bytes
+from compiler.models.memory import process_tree_resident_bytes
 
 _STARTED = time.time()
 

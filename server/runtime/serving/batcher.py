@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from compiler.buckets import AxisPolicy, AxisSafety
-from compiler.signature import Signature
+from compiler.models.signature import Signature
+from compiler.shapes.buckets import AxisPolicy, AxisSafety
 
 from ..observability.metrics import Metrics
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from compiler.building.worker import die_with_parent, watch_parent
 from compiler.errors import BadRequestError, JitServeError, UnavailableError
-from compiler.worker import die_with_parent, watch_parent
 
 PROCESS_PARSE_BYTES = 1 << 20
 STOP_SECONDS = 3.0

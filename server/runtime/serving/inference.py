@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from compiler.arrays import contiguous
-from compiler.buckets import BucketPlan, bucket_label, pad_inputs
-from compiler.engines import Engine
 from compiler.errors import JitServeError, UnavailableError
+from compiler.running.arrays import contiguous
+from compiler.running.engines import Engine
+from compiler.shapes.buckets import BucketPlan, bucket_label, pad_inputs
 
 from ..compiling.compile_admission import CompileAdmission
 from ..compiling.openvino_builds import OPENVINO

@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from compiler.arrays import contiguous
 from compiler.errors import BadRequestError
-from compiler.signature import Signature
+from compiler.models.signature import Signature
+from compiler.running.arrays import contiguous
 
 
 def parse_inputs(

@@ -8,10 +8,10 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from compiler.build import compile_bucket
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from tests import convnets
 from tests.synthetic import make_model, value
 

@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from compiler.build import compile_bucket
-from compiler.model import load_model
-from compiler.store import KernelStore
-from compiler.target import resolve_target
+from compiler.building.build import compile_bucket
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.storage.store import KernelStore
 from tests import synthetic
 from tests.synthetic import make_model, value
 
@@ -914,8 +914,8 @@ def test_rules_schedule_symbolic_extents_and_every_tail_verifies(case, store):
     """A symbolic dim's loops are tiled and vectorized like a static one's (not left naive); the kernel
     matches ONNX Runtime at sizes that leave each remainder of the vector tiles, and at sizes it was
     not verified at."""
-    from compiler.build import open_kernel
-    from compiler.engines import OrtEngine
+    from compiler.building.build import open_kernel
+    from compiler.running.engines import OrtEngine
 
     build, bucket, expected = SYMBOLIC_CASES[case]
     model = build()
@@ -957,9 +957,9 @@ def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(stor
     with a step of 4 (sizes 4 x count) every level's shape is exact. Every kernel is scheduled, the
     accumulators of a conv whose width may end in a half tile (2 x count) stay tile-sized, and the
     kernel matches ONNX Runtime at even and odd counts, verified or not."""
-    from compiler.build import open_kernel
-    from compiler.engines import OrtEngine
+    from compiler.building.build import open_kernel
     from compiler.errors import CompileError
+    from compiler.running.engines import OrtEngine
 
     model = synthetic.fpn_model()
     loaded = load_model(model, max_bytes=1 << 20)

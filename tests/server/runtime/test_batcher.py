@@ -10,8 +10,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from compiler.buckets import AxisPolicy, AxisSafety
-from compiler.signature import Signature, TensorSpec
+from compiler.models.signature import Signature, TensorSpec
+from compiler.shapes.buckets import AxisPolicy, AxisSafety
 from server.runtime.observability.metrics import Metrics
 from server.runtime.serving.batcher import BatchQueue, DynamicBatcher, DynamicBatching, Waiting, find_batch_axis
 

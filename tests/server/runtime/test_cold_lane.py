@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from tests.server.fakes import FakeCompiler, FakeKernels, admit, make_service
 
 DEMO = demo_model_bytes()

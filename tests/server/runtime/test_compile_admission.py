@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from compiler.demo import demo_model_bytes
+from compiler.models.demo import demo_model_bytes
 from server.runtime.models.state import BucketState
 from tests.server.fakes import FakeCompiler, FakeKernels, make_service, wait_until
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from compiler.errors import BadRequestError
-from compiler.signature import Signature, TensorSpec
+from compiler.models.signature import Signature, TensorSpec
 from server.runtime.serving.inputs import parse_inputs
 
 SIGNATURE = Signature(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.buckets import bucket_label
-from compiler.store import StagingArea
+from compiler.shapes.buckets import bucket_label
+from compiler.storage.store import StagingArea
 from server.runtime.compiling import openvino_builds
 from server.runtime.compiling.openvino_builds import OpenVinoBuilds
 from server.runtime.models.state import ServedBucket

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from compiler.model import model_digest
+from compiler.models.model import model_digest
 from server.runtime.models.records import BucketRecord, ModelConfig, ModelRecord, ModelStore
 
 DATA = b"model bytes"

@@ -10,8 +10,6 @@ import weakref
 import numpy as np
 import pytest
 
-from compiler.demo import DEMO_CONFIG, demo_model_bytes
-from compiler.engines import OrtEngine
 from compiler.errors import (
     CompileCrashedError,
     CompileTimeoutError,
@@ -19,6 +17,8 @@ from compiler.errors import (
     UnavailableError,
     UnsupportedOperatorError,
 )
+from compiler.models.demo import DEMO_CONFIG, demo_model_bytes
+from compiler.running.engines import OrtEngine
 from server.runtime.models.state import BucketState
 from tests.integration.serverproc import metric_value
 from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, admit, make_service, wait_until

@@ -7,7 +7,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from compiler.memory import process_tree_resident_bytes
+from compiler.models.memory import process_tree_resident_bytes
 
 
 class MemoryMetrics:

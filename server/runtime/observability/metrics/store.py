@@ -6,7 +6,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from compiler.store_budget import REMOVAL_REASONS
+from compiler.storage.store_budget import REMOVAL_REASONS
 
 
 class StoreMetrics:

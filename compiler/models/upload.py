@@ -17,9 +17,9 @@ from pathlib import Path, PurePosixPath
 
 import onnx
 
-from .errors import BadRequestError, InvalidModelError, PayloadTooLargeError
+from ..errors import BadRequestError, InvalidModelError, PayloadTooLargeError
+from ..storage.store import StagingArea
 from .model import LoadedModel, all_tensors, load_model, parse_model, validate_model
-from .store import StagingArea
 
 ZIP_MAGIC = b"PK\x03\x04"
 UPLOAD_MODEL_NAME = "model.upload"  # the uploaded model file (or archive) inside its upload folder

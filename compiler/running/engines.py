@@ -12,9 +12,9 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
+from ..building.cuda_math import use_exact_cuda_math
+from ..errors import BadRequestError
 from .arrays import contiguous
-from .cuda_math import use_exact_cuda_math
-from .errors import BadRequestError
 
 
 class Engine(Protocol):
@@ -187,7 +187,7 @@ class TvmEngine:
         return {name: value.numpy() for name, value in zip(self.output_names, results, strict=True)}
 
     def set_instrument(self, instrument) -> None:
-        """Call ``instrument`` around every VM call (see :mod:`compiler.profile`); ``None`` stops it."""
+        """Call ``instrument`` around every VM call (see :mod:`compiler.measuring.profile`); ``None`` stops it."""
         with self._lock:
             self._vm.set_instrument(instrument if instrument is not None else _no_instrument)
 

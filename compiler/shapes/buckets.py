@@ -1,7 +1,7 @@
 """Shape buckets: per-axis policies, the request -> bucket mapping, padding.
 
 A request shape maps to one bucket shape. Only axes whose padding-safety
-check passed are padded (see :mod:`compiler.padding`). A ``dynamic`` axis is
+check passed are padded (see :mod:`compiler.shapes.padding`). A ``dynamic`` axis is
 never padded: within its range the bucket keeps the dim symbolic, one kernel
 for every size, and the dim's name carries the range (``W@257..1024``). An
 axis whose padding would change the outputs gets the dynamic tier by default,
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
-from .errors import BadRequestError, ShapeOutOfRangeError
-from .signature import Signature
+from ..errors import BadRequestError, ShapeOutOfRangeError
+from ..models.signature import Signature
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from ..running.engines import Engine
 
 Bucket = dict[str, tuple[int | str, ...]]
 """Input name -> bucket shape; a dim given as a name stays symbolic (a ``dynamic`` axis)."""

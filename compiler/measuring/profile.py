@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .engines import ort_session_options
+from ..running.engines import ort_session_options
 
 # Op classes, by the leading op of a TVM kernel's name or an ONNX Runtime op type (lower case).
 _CLASSES = {
@@ -172,7 +172,7 @@ def _finish(
 
 
 class KernelProfiler:
-    """Per-call times of a loaded :class:`~compiler.engines.TvmEngine`, one run at a time (so that its
+    """Per-call times of a loaded :class:`~compiler.running.engines.TvmEngine`, one run at a time (so that its
     runs can alternate with ONNX Runtime's: a machine's load then weighs on both profiles alike).
 
     Each VM call is timed from the instrument's before-hook to its after-hook. The hooks' own cost
@@ -229,7 +229,7 @@ class KernelProfiler:
 
 
 def kernel_profile(engine, inputs: dict[str, np.ndarray], *, runs: int = 10, warmup: int = 2) -> Profile:
-    """Per-call times of a loaded :class:`~compiler.engines.TvmEngine` on ``inputs`` (:class:`KernelProfiler`),
+    """Per-call times of a loaded :class:`~compiler.running.engines.TvmEngine` on ``inputs`` (:class:`KernelProfiler`),
     ``runs`` in a row after ``warmup`` plain ones."""
     for _ in range(warmup):
         engine.run(inputs)

@@ -2,7 +2,7 @@
 
 The caller's process never imports TVM's compile side: the build
 (:mod:`compiler.tvm.build`) runs in a child process (see
-:mod:`compiler.worker`) and lands in the store atomically.
+:mod:`compiler.building.worker`) and lands in the store atomically.
 """
 
 from __future__ import annotations
@@ -11,15 +11,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .buckets import Bucket
-from .engines import TvmEngine
-from .errors import CompileTimeoutError, NotFoundError
-from .explain_profile import ProfileJob, profile_stored
-from .explain_report import REPORT_FILE
-from .model import LoadedModel
+from ..errors import CompileTimeoutError, NotFoundError
+from ..explaining.explain_profile import ProfileJob, profile_stored
+from ..explaining.explain_report import REPORT_FILE
+from ..models.model import LoadedModel
+from ..models.weights import load_weights
+from ..running.engines import TvmEngine
+from ..shapes.buckets import Bucket
+from ..storage.store import (
+    EXPLAIN_DIR,
+    LIBRARY_NAME,
+    KernelStore,
+    LeaseTimeoutError,
+    Manifest,
+    artifact_key,
+    tvm_version,
+)
 from .options import BuildJob, CompileOptions, PrepareJob, read_source
-from .store import EXPLAIN_DIR, LIBRARY_NAME, KernelStore, LeaseTimeoutError, Manifest, artifact_key, tvm_version
-from .weights import load_weights
 from .worker import run_in_child
 
 LEASE_WAIT_FACTOR = 2.0
@@ -57,13 +65,13 @@ def bucket_key(
 
 
 def _build_in_child(job: BuildJob) -> dict:
-    from .tvm.build import build_and_verify
+    from ..tvm.build import build_and_verify
 
     return build_and_verify(job)
 
 
 def _prepare_in_child(job: PrepareJob) -> dict:
-    from .tvm.prepare import prepare
+    from ..tvm.prepare import prepare
 
     return prepare(read_source(job.model_source), Path(job.directory), job.simplify)
 

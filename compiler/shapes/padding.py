@@ -12,12 +12,12 @@ from __future__ import annotations
 import threading
 import time
 
-from .arrays import compare_outputs, random_inputs
+from ..errors import UnavailableError
+from ..models.memory import inputs_fit
+from ..models.signature import Signature
+from ..running.arrays import compare_outputs, random_inputs
+from ..running.engines import Engine
 from .buckets import AxisPolicy, AxisSafety, pad_inputs
-from .engines import Engine
-from .errors import UnavailableError
-from .memory import inputs_fit
-from .signature import Signature
 
 
 def check_axis_padding(

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BadRequestError, CompileError
+from ..models.memory import anonymous_resident_bytes, release_mapped_file_pages
+from ..shapes.buckets import Bucket
 from .arrays import compare_outputs, contiguous, random_inputs
-from .buckets import Bucket
 from .engines import OrtEngine
-from .errors import BadRequestError, CompileError
-from .memory import anonymous_resident_bytes, release_mapped_file_pages
 from .precision import AccuracyBudget, compare_within_budget
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import psutil
 
-from .errors import BadRequestError, InvalidModelError
+from ..errors import BadRequestError, InvalidModelError
 from .signature import Signature
 from .weights import weightless
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .arrays import random_inputs
-from .engines import OrtEngine, TvmEngine
-from .options import read_source
-from .profile import KernelProfiler, OrtProfiler, Profile, compare_by_class, named_nodes, op_class
-from .timing import median_latencies_ms
-from .weights import load_weights
+from ..building.options import read_source
+from ..measuring.profile import KernelProfiler, OrtProfiler, Profile, compare_by_class, named_nodes, op_class
+from ..measuring.timing import median_latencies_ms
+from ..models.weights import load_weights
+from ..running.arrays import random_inputs
+from ..running.engines import OrtEngine, TvmEngine
 
 PROFILE_FILE = "profile.json"
 TRACE_DIR = "trace"

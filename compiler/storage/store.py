@@ -3,7 +3,7 @@
 An artifact is a directory ``artifacts/<k[:2]>/<key>/`` holding ``kernel.so``
 and ``manifest.json``: code only, since kernels take the weights as
 parameters. A model version's prepared weights live once in
-``prepared/<model digest>/`` (see :mod:`compiler.weights`), shared by every
+``prepared/<model digest>/`` (see :mod:`compiler.models.weights`), shared by every
 kernel of the version. Both are built in ``staging/`` and renamed into place
 in one step, so a crash never leaves a half artifact under its key.
 
@@ -33,9 +33,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from .target import canonical_target
-from .tvm import COMPILER_VERSION
-from .weights import INDEX_NAME
+from ..building.target import canonical_target
+from ..models.weights import INDEX_NAME
+from ..tvm import COMPILER_VERSION
 
 LIBRARY_NAME = "kernel.so"
 EXPLAIN_DIR = "explain"
@@ -50,7 +50,7 @@ def tvm_version() -> str:
 class Manifest(BaseModel):
     key: str
     graph_digest: str
-    """The model's graph without its weights' values (:func:`compiler.weights.graph_digest`)."""
+    """The model's graph without its weights' values (:func:`compiler.models.weights.graph_digest`)."""
     weights: list[str] = []
     """The prepared weights the kernel takes after the model's inputs, in order."""
     bucket: dict[str, list[int | str]]

@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .buckets import Bucket
-from .tvm import PIPELINE
+from ..shapes.buckets import Bucket
+from ..tvm import PIPELINE
 
 MAX_RTOL = 1.0
 """Past these a verification passes almost any kernel: a config or setting beyond them is refused."""

@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .arrays import random_inputs
-from .buckets import Bucket, bucket_label
-from .build import compile_bucket, open_kernel, profile_kernel
-from .engines import Engine, OrtEngine
-from .errors import JitServeError
-from .model import LoadedModel
-from .options import CompileOptions
+from ..building.build import compile_bucket, open_kernel, profile_kernel
+from ..building.options import CompileOptions
+from ..errors import JitServeError
+from ..models.model import LoadedModel
+from ..running.arrays import random_inputs
+from ..running.engines import Engine, OrtEngine
+from ..shapes.buckets import Bucket, bucket_label
+from ..storage.store import KernelStore
 from .profile import compare_by_class, format_profile, kernel_profile, ort_profile
-from .store import KernelStore
 from .timing import median_latencies_ms
 from .tuning_plan import kernel_times
 
@@ -97,7 +97,7 @@ def bench_bucket(
 def _openvino(model, bucket, ort, options, store, *, threads, log) -> tuple[Engine | None, dict]:
     """OpenVINO built for the bucket and verified against ONNX Runtime (None where it did not verify), and
     the facts of it."""
-    from .openvino_engine import OpenVinoEngine, verify_openvino
+    from ..running.openvino_engine import OpenVinoEngine, verify_openvino
 
     started = time.perf_counter()
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from .errors import CompileError
+from ..errors import CompileError
 
 # Read by TVM's nvcc wrapper (tvm.support.nvcc) each time it builds the command line.
 _NO_FAST_MATH = "TVM_CUDA_NVCC_NO_FAST_MATH"

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from .errors import InvalidModelError, PayloadTooLargeError
+from ..errors import InvalidModelError, PayloadTooLargeError
 from .indices import IndexBounds, index_bounds
 from .quantized import integer_ops, output_steps
 from .signature import Signature, read_signature
@@ -35,16 +35,17 @@ class LoadedModel:
     signature: Signature
     index_bounds: IndexBounds = field(default_factory=IndexBounds)
     graph_digest: str = ""
-    """The graph without its weights' values: what kernels are keyed by (:func:`compiler.weights.graph_digest`)."""
+    """The graph without its weights' values: what kernels are keyed by
+    (:func:`compiler.models.weights.graph_digest`)."""
     weight_bytes: int = 0
     opset: int = 0
     path: Path | None = None
     """Where the bytes are stored, once ``data`` is let go."""
     integer_ops: tuple[str, ...] = ()
-    """The ops that compute on quantized activations (:mod:`compiler.quantized`): TVM would run them in float."""
+    """The ops that compute on quantized activations (:mod:`compiler.models.quantized`): TVM would run them in float."""
     output_steps: dict[str, float] = field(default_factory=dict)
     """The quantization step of each output dequantized from integers: engines' int8 kernels are verified
-    against ONNX Runtime's within one step (:func:`compiler.quantized.output_steps`)."""
+    against ONNX Runtime's within one step (:func:`compiler.models.quantized.output_steps`)."""
 
     def read_bytes(self) -> bytes:
         if self.data is not None:
@@ -104,7 +105,7 @@ def all_tensors(model: onnx.ModelProto):
 def _reject_external_data(model: onnx.ModelProto) -> None:
     # Model bytes are one file: external data could only point at paths on the
     # server's disk, so any reference left is refused rather than resolved
-    # (compiler.upload reads the data an upload brings into the model first).
+    # (compiler.models.upload reads the data an upload brings into the model first).
     for tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
             location = next((e.value for e in tensor.external_data if e.key == "location"), "?")

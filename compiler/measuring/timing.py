@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 
-from .engines import Engine
+from ..running.engines import Engine
 
 
 def _time_once(engine: Engine, inputs) -> float:

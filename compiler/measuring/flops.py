@@ -13,7 +13,7 @@ import math
 
 import onnx
 
-from .signature import fix_input_shapes
+from ..models.signature import fix_input_shapes
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:

@@ -16,8 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import errors
-from .errors import CompileCrashedError, CompileError, CompileOutOfMemoryError, CompileTimeoutError, JitServeError
+from .. import errors
+from ..errors import CompileCrashedError, CompileError, CompileOutOfMemoryError, CompileTimeoutError, JitServeError
 
 # spawn, not fork: the caller may run threads (uvicorn, ORT) that fork would copy.
 _CONTEXT = multiprocessing.get_context("spawn")

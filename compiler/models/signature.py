@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import onnx
 
-from .errors import InvalidModelError
+from ..errors import InvalidModelError
 
 # ONNX element type -> numpy dtype name, for the dtypes both engines handle.
 SUPPORTED_DTYPES: dict[int, str] = {

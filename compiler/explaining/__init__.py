@@ -1,0 +1,1 @@
+"""Explain reports: where a bucket's time goes, kernel by kernel, and the report page."""

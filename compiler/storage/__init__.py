@@ -1,0 +1,1 @@
+"""The content-addressed kernel store, its keys and leases, and its budget."""
