@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import threading
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +21,8 @@ import numpy as np
 from ..errors import BadRequestError, CompileError
 from ..models.memory import anonymous_resident_bytes, release_mapped_file_pages
 from ..shapes.buckets import Bucket
-from .arrays import compare_outputs, contiguous, random_inputs
+from .arrays import Comparison, compare_outputs, contiguous, random_inputs
 from .engines import OrtEngine
-from .precision import AccuracyBudget, compare_within_budget
 
 
 def openvino_available() -> bool:
@@ -145,22 +146,19 @@ def verify_openvino(
     bucket: Bucket,
     dtypes: dict[str, str],
     *,
-    rtol: float,
-    atol: float,
     seed: int,
+    rtol: float | None = None,
+    atol: float | None = None,
     index_limits: dict | None = None,
     steps: dict[str, float] | None = None,
-    budget: AccuracyBudget | None = None,
+    compare: Callable[[dict, dict], Comparison] | None = None,
 ) -> tuple[bool, str]:
-    """Whether OpenVINO answers as ONNX Runtime does on seeded inputs of the bucket, within the compile's
-    tolerances (within one quantization step on outputs with ``steps``), or within ``budget`` (a reduced
-    precision's), and the comparison's detail."""
+    """Whether OpenVINO answers as ONNX Runtime does on seeded inputs of the bucket, and the comparison's
+    detail: by ``compare`` (the server's, which knows a model's precision contract), else within the
+    compile's tolerances (one quantization step on outputs with ``steps``)."""
     inputs = random_inputs(bucket, dtypes, seed, index_limits)
     actual, expected = engine.run(inputs), reference.run(inputs)
-    if budget is not None:
-        comparison = compare_within_budget(actual, expected, budget)
-    else:
-        comparison = compare_outputs(actual, expected, rtol, atol, steps=steps)
+    comparison = (compare or partial(compare_outputs, rtol=rtol, atol=atol, steps=steps))(actual, expected)
     return comparison.matches, comparison.detail
 
 

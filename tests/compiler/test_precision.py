@@ -4,6 +4,8 @@ CPU cannot run refused with the reason."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -79,10 +81,12 @@ def test_fp16_weights_stray_past_fp32_verification_and_keep_a_loose_budget_not_a
         return verify_openvino(engine, reference, BUCKET, {"x": "float32"}, rtol=1e-5, atol=1e-6, seed=0, **kwargs)
 
     assert not verify()[0]  # fp16-rounded weights: no longer fp32-exact
-    loose, detail = verify(budget=AccuracyBudget(cosine=0.999, rtol=0.05, atol=0.05))
+    loose, detail = verify(
+        compare=partial(compare_within_budget, budget=AccuracyBudget(cosine=0.999, rtol=0.05, atol=0.05))
+    )
     assert loose, detail
     assert detail.startswith("within budget (") and "cosine" in detail
-    tight, detail = verify(budget=AccuracyBudget(atol=1e-6))
+    tight, detail = verify(compare=partial(compare_within_budget, budget=AccuracyBudget(atol=1e-6)))
     assert not tight and "beyond atol 1e-06" in detail
     with pytest.raises(CompileError, match="its own format"):
         OpenVinoEngine(data, BUCKET, ["y"], precision="f16-weights")

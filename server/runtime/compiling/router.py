@@ -175,13 +175,11 @@ class Router:
         known = served.record.buckets.get(bucket.label)
         if known is None or known.key != bucket.key or known.route is None:
             return False
-        if known.route == "openvino":
-            return False  # nothing of it is stored: built, verified and measured again
         bucket.set_tuning(known.tuning, tuned_key=known.tuned_key)
         routed_key = bucket.key_for(known.route)
         manifest = self.artifacts.get(routed_key) if routed_key else None
         if known.route != "onnxruntime" and (manifest is None or manifest.verified is not True):
-            return False
+            return False  # OpenVINO's too: nothing of it is stored, so it is built, verified and measured again
         if known.route != "onnxruntime" and not self.artifacts.has_prepared(served.model.digest):
             return False  # a new version of the graph: its compile prepares the weights, then restores
         compiled = self.artifacts.get(bucket.key)
