@@ -27,6 +27,7 @@ from .openapi import finish_openapi
 from .routes import router
 from .runtime.observability.metrics import Metrics
 from .runtime.service import ModelService
+from .runtime.wiring import build_runtime
 from .settings import Settings
 from .v2 import router as v2_router
 
@@ -36,7 +37,7 @@ log = logging.getLogger("jitserve")
 def create_app(
     settings: Settings | None = None,
     *,
-    service_factory: Callable[[Settings, Metrics], ModelService] = ModelService,
+    service_factory: Callable[[Settings, Metrics], ModelService] = build_runtime,
 ) -> FastAPI:
     """The app over a runtime built by ``service_factory`` (tests give it a fake compiler)."""
     settings = settings or Settings()

@@ -52,7 +52,7 @@ def bench_bucket(
             update={
                 "tune_trials": tune_trials,
                 "tune_trials_per_task": tune_trials_per_task,
-                "database_dir": str(store.root / "tuning"),
+                "database_dir": str(store.tuning_database),
             }
         )
     facts: dict = {"bucket": bucket_label(bucket), "target": kind}

@@ -207,6 +207,8 @@ class KernelStore:
         self.prepared = self.root / "prepared"
         self.staging_root = self.root / "staging"
         self.leases = self.root / "leases"
+        self.tuning_database = self.root / "tuning"
+        """MetaSchedule's database, shared by every bucket and applied at every compile."""
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.prepared.mkdir(parents=True, exist_ok=True)
         self.leases.mkdir(parents=True, exist_ok=True)

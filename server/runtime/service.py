@@ -1,5 +1,5 @@
-"""The runtime's front object: builds every part from the settings and gives
-the HTTP layer the few calls it needs. Never imports FastAPI.
+"""The runtime's front object: the parts :func:`.wiring.build_runtime` wired, and the few calls the
+HTTP layer makes. Never imports FastAPI.
 
 Requests are served at once: by the bucket's verified TVM kernel when it is
 loaded, else by ONNX Runtime; a bucket whose traffic earns a compile
@@ -10,12 +10,11 @@ queue ordered by traffic, child processes below serving's priority).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from compiler.building.build import compile_bucket
-from compiler.building.threads import apply_thread_plan
 from compiler.building.worker import stop_children
 from compiler.errors import ConflictError, JitServeError
 from compiler.models.model import load_model
@@ -23,15 +22,13 @@ from compiler.models.upload import load_upload_folder, upload_folder
 from compiler.storage.store import KernelStore
 
 from ..settings import Settings
-from .compiling.builds import BucketBuilder, CompileFunction
-from .compiling.compile_admission import CompileAdmission, compile_held
-from .compiling.openvino_builds import OpenVinoBuilds
+from .compiling.builds import BucketBuilder
+from .compiling.compile_admission import CompileAdmission
 from .compiling.router import Router
 from .compiling.scheduler import CompileScheduler
 from .compiling.tuner import BackgroundTuner
-from .memory.allocator import fix_mmap_threshold, return_memory, return_memory_now_and_after
-from .memory.kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
-from .memory.memory_guard import MemoryGuard
+from .memory.allocator import return_memory
+from .memory.kernel_cache import Kernels
 from .models.model_admission import ModelAdmission
 from .models.records import ModelStore
 from .models.registry import Registry, ServedModel
@@ -39,100 +36,39 @@ from .models.store_janitor import StoreJanitor
 from .models.store_watch import StoreWatch
 from .observability.explain import Explanations
 from .observability.metrics import Metrics
-from .serving.batcher import DynamicBatcher, DynamicBatching
-from .serving.bodies import BodyBudget, JsonParsers
+from .serving.bodies import JsonParsers
 from .serving.inference import Inference, Prediction
 from .serving.requests import Codec, RequestPath
 from .serving.shadow import ShadowChecks
 
-T = TypeVar("T")
-
-RELEASE_AGAIN_SECONDS = (2.0, 10.0)
-"""A retired version's memory is handed back again these long after: once requests in flight, then work
-still holding the version (a routing timing, a compile's end), are done."""
 log = logging.getLogger("jitserve")
 
 
+@dataclass(eq=False)
 class ModelService:
-    def __init__(
-        self,
-        settings: Settings,
-        metrics: Metrics,
-        *,
-        compile_function: CompileFunction = compile_bucket,
-        open_engine: EngineOpener = open_tvm_engine,
-    ) -> None:
-        """``compile_function`` and ``open_engine`` default to the real compiler and TVM; tests pass fakes."""
-        self.settings = settings
-        self.metrics = metrics
-        fix_mmap_threshold(settings.malloc_mmap_threshold_bytes)
-        kernel_threads = apply_thread_plan(settings.kernel_threads, spinning=settings.ort_spinning)
-        self.models_store = ModelStore(settings.model_store_dir)
-        self.artifacts = KernelStore(settings.kernel_store_dir)
-        cache = KernelCache(
-            settings.kernel_cache_entries,
-            settings.kernel_cache_bytes,
-            on_evict=lambda _: metrics.kernels.record_eviction(),
-        )
-        openvino = OpenVinoBuilds(settings, metrics, self.artifacts.staging_area, threads=kernel_threads or None)
-        self.kernels = Kernels(cache, self.artifacts, metrics, open_engine, openvino if openvino.enabled else None)
-        self.registry = Registry(on_retire=self._release)
-        self.explanations = Explanations(self.artifacts, settings.explain_profile_seconds, kernel_threads or None)
-        self.router = Router(settings, metrics, self.models_store, self.artifacts)
-        self.shadow = ShadowChecks(settings, metrics, self.router)
-        self.builder = BucketBuilder(
-            settings,
-            metrics,
-            self.kernels,
-            self.router,
-            compile_function=compile_function,
-            tuning_profile=self.explanations.tuning_profile,
-        )
-        self.scheduler = CompileScheduler(
-            settings.compile_workers, settings.compile_queue_size, metrics, self.builder.compile,
-            hold=partial(compile_held, settings),
-        )  # fmt: skip
-        self.compile_admission = CompileAdmission(settings, metrics, self.scheduler, self.router, self.artifacts)
-        metrics.before_scrape(lambda: self.compile_admission.refresh_storm_gauges(self.registry.all()))
-        self.inference = Inference(
-            self.registry,
-            self.kernels,
-            metrics,
-            threads=settings.inference_threads,
-            queue_size=settings.inference_queue_size,
-            inline_max_ms=settings.inline_max_ms,
-            admission=self.compile_admission,
-            cold_lane=settings.cold_lane,
-            kernel_input_max_abs=settings.kernel_input_max_abs,
-            shadow=self.shadow,
-        )
-        self.admission = ModelAdmission(
-            settings,
-            self.registry,
-            self.models_store,
-            self.scheduler,
-            kernel_threads=kernel_threads,
-            tuning_database_dir=self.tuning_database_dir,
-            start_batcher=partial(start_batcher, settings=settings, inference=self.inference, metrics=metrics),
-            memory_guard=MemoryGuard(settings.memory_bytes, metrics, lambda: self.kernels.weights.total_bytes),
-        )
-        self.tuner = BackgroundTuner(settings, self.registry.all, self.builder.tune)
-        self.store_watch = StoreWatch(
-            self.models_store, self.admission.follow_store, metrics, interval=settings.model_watch_seconds
-        )
-        self.store_janitor = StoreJanitor(
-            settings,
-            self.artifacts,
-            self.models_store,
-            served=self.registry.all,
-            in_use=self.kernels.loaded_keys,
-            metrics=metrics,
-        )
-        self.json_parsers = JsonParsers(settings.json_parse_processes)
-        body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
-        self.requests = RequestPath(self.registry, self.inference, body_budget, self.json_parsers)
-        self._startup_models: set[tuple[str, int]] = set()
-        """(name, version) of the models served at start, whose warm buckets gate readiness."""
+    """The runtime's parts, wired by :func:`.wiring.build_runtime`, and the calls the HTTP layer makes."""
+
+    settings: Settings
+    metrics: Metrics
+    models_store: ModelStore
+    artifacts: KernelStore
+    kernels: Kernels
+    registry: Registry
+    explanations: Explanations
+    router: Router
+    shadow: ShadowChecks
+    builder: BucketBuilder
+    scheduler: CompileScheduler
+    compile_admission: CompileAdmission
+    inference: Inference
+    admission: ModelAdmission
+    tuner: BackgroundTuner
+    store_watch: StoreWatch
+    store_janitor: StoreJanitor
+    json_parsers: JsonParsers
+    requests: RequestPath
+    _startup_models: set[tuple[str, int]] = field(default_factory=set, init=False)
+    """(name, version) of the models served at start, whose warm buckets gate readiness."""
 
     # -- lifecycle -------------------------------------------------------
 
@@ -156,12 +92,6 @@ class ModelService:
         if self.settings.kernel_store_bytes:
             self.store_janitor.start()
 
-    def _release(self, served: ServedModel) -> None:
-        """A version deleted, replaced or unloaded: its kernels and weights go, and the memory goes back to
-        the system now and once the requests still running on it have ended."""
-        self.kernels.forget(served)
-        return_memory_now_and_after(RELEASE_AGAIN_SECONDS)
-
     def close(self) -> None:
         """Shutdown: models retired first (a compile killed now records nothing), then compile and
         tuning children killed, so their threads return at once."""
@@ -182,11 +112,6 @@ class ModelService:
     @property
     def jit_enabled(self) -> bool:
         return self.scheduler.enabled
-
-    @property
-    def tuning_database_dir(self) -> Path:
-        """The MetaSchedule database shared by every bucket, applied at every compile."""
-        return self.artifacts.root / "tuning"
 
     # -- models ----------------------------------------------------------
 
@@ -279,24 +204,3 @@ class ModelService:
             self.inference.reject(name, exc)
             raise
         return self.inference.execute(job)
-
-
-def start_batcher(
-    served: ServedModel,
-    config: DynamicBatching,
-    preferred: set[int],
-    *,
-    settings: Settings,
-    inference: Inference,
-    metrics: Metrics,
-) -> DynamicBatcher:
-    """A model's dynamic batcher, running its batches on the inference pool."""
-    return DynamicBatcher(
-        served.name,
-        config,
-        preferred,
-        inference.execute_batch,
-        metrics,
-        instances=settings.inference_threads,
-        executor=inference.pool,
-    )

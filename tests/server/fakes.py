@@ -22,6 +22,7 @@ from compiler.storage.store import LIBRARY_NAME, KernelStore, Manifest
 from compiler.tvm import COMPILER_VERSION
 from server.runtime.observability.metrics import Metrics
 from server.runtime.service import ModelService
+from server.runtime.wiring import build_runtime
 from server.settings import Settings
 from tests.integration.serverproc import wait_until as wait_until_slow
 
@@ -137,7 +138,7 @@ class FakeKernels:
 
 def make_service(data_dir: Path, compiler: FakeCompiler, kernels: FakeKernels, **settings) -> ModelService:
     defaults = {"demo_model": False, "tuning_enabled": False, "routing_runs": 3, "compile_min_hits": 1}
-    service = ModelService(
+    service = build_runtime(
         Settings(data_dir=data_dir, **(defaults | settings)),
         Metrics(),
         compile_function=compiler,

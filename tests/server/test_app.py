@@ -16,6 +16,7 @@ from server.app import create_app, error_response
 from server.runtime.models.records import MODEL_NAME
 from server.runtime.observability.metrics import Metrics
 from server.runtime.service import ModelService
+from server.runtime.wiring import build_runtime
 from server.settings import Settings
 from tests.server.fakes import FakeCompiler, FakeKernels, wait_until
 
@@ -27,7 +28,7 @@ def build_app(tmp_path, **settings):
     compiler = FakeCompiler()
 
     def service_factory(s: Settings, metrics: Metrics) -> ModelService:
-        return ModelService(s, metrics, compile_function=compiler, open_engine=FakeKernels(DEMO))
+        return build_runtime(s, metrics, compile_function=compiler, open_engine=FakeKernels(DEMO))
 
     return create_app(settings, service_factory=service_factory), compiler
 
