@@ -18,7 +18,7 @@ from .base import (
     vector_unit,
     vectorize_tile,
 )
-from .contraction import main_contraction
+from .contraction_analysis import main_contraction
 
 # Independent accumulators a column tile keeps: an FMA's latency (4 cycles) times the two FMA ports.
 GEMV_ACCUMULATORS = 8

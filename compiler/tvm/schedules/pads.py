@@ -18,6 +18,7 @@ from .base import (
     vectorize_innermost,
     vectorize_tile,
 )
+from .register_tile import ContractionInfo
 
 
 def pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: int, *, decompose: bool) -> None:
@@ -61,3 +62,20 @@ def _pad_by_rows(sch: s_tir.Schedule, block: SBlockRV, parallel: bool) -> None:
     rows = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
     if parallel:
         sch.parallel(rows)
+
+
+def packed_pad_row(
+    sch: s_tir.Schedule, info: ContractionInfo, producers: list[str], serial: list[LoopRV], loops: list[LoopRV]
+) -> LoopRV | None:
+    """The output-row loop a packed panel's conv computes its pad under, or ``None``.
+
+    A grouped conv (RegNetY's 16-channel groups) packs its weights per output channel block and reads
+    its input by group, not plainly by channel, so no per-channel pad applies: its pad was a pass over
+    the whole map before the parallel loop (a 114x114x64 one, 3.3 MB). Under the row loop each iteration
+    pads the rows of taps that row reads, for the channels of its group.
+    """
+    if len(producers) != 1 or info.symbolic or not has_if_then_else(sch.get(sch.get_sblock(producers[0]))):
+        return None
+    tiled = (info.vec, info.reg, info.outer)
+    rows = [p for p in info.spatial if p not in tiled and info.extents[p] > 1 and loops[p] in serial]
+    return loops[rows[0]] if rows else None

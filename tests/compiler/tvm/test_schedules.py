@@ -170,9 +170,10 @@ CASES = {
     "matmul_bias_relu": (_matmul_model, {"x": (2, 16, 64)}, {"matmul": "Contraction"}),
     "matmul_padded_axis": (lambda: _matmul_model(32, 50), {"x": (1, 16, 32)}, {"matmul": "Contraction"}),
     # A one-row product by a matrix the kernel reads as it is, and by a weight it reads from panels.
+    # 48 columns: whole vectors of AVX2 (8 lanes) and of AVX-512 (16), which Gemv needs.
     "classifier_gemv": (
-        lambda: _matmul_model(256, 40, rows=1, weight_input=True),
-        {"x": (1, 1, 256), "W": (256, 40)},
+        lambda: _matmul_model(256, 48, rows=1, weight_input=True),
+        {"x": (1, 1, 256), "W": (256, 48)},
         {"matmul": "Gemv"},
     ),
     "classifier_from_panels": (lambda: _matmul_model(256, 40, rows=1), {"x": (1, 1, 256)}, {"matmul": "Contraction"}),
@@ -215,9 +216,10 @@ def _fused_kernels(
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
-def _first_match(func, bounds: dict | None = None) -> tuple[str, str] | None:
-    """(rule name, scheduled TVMScript) of the first rule that schedules ``func``."""
-    target = tvm.target.Target(TARGET)
+def _first_match(func, bounds: dict | None = None, *, mcpu: str | None = None) -> tuple[str, str] | None:
+    """(rule name, scheduled TVMScript) of the first rule that schedules ``func``; ``mcpu``: the CPU its
+    layout was chosen for (the schedule must see the same vector unit)."""
+    target = tvm.target.Target({**TARGET, "mcpu": mcpu} if mcpu else TARGET)
     for rule in cpu_schedules.default_cpu_rules(bounds):
         sch = rule.apply(func, target, False)
         if sch is not None:
@@ -313,7 +315,8 @@ def test_gemv_sums_the_reduction_in_interleaved_parts_and_runs_a_large_matrix_in
     (a matrix row read in whole cache lines: MobileNetV3's 960 x 1280 layer ran 2x faster than in 1-vector
     tiles), else one vector with 8 interleaved parts."""
     lanes = vector_lanes(tvm.target.Target(TARGET), "float32")
-    for k, n, parallel, columns in ((1024, 256, True, 8 * lanes), (256, 40, False, 8)):
+    # 5 vectors of columns fill no 2-vector tile: one vector a tile, whichever the vector width.
+    for k, n, parallel, columns in ((1024, 256, True, 8 * lanes), (256, 5 * lanes, False, lanes)):
         kernels = _fused_kernels(_matmul_model(k, n, rows=1, weight_input=True), {"x": (1, 1, k), "W": (k, n)})
         rule, script = _first_match(next(f for name, f in kernels.items() if "matmul" in name))
         assert rule == "Gemv"
@@ -352,7 +355,7 @@ def test_a_grouped_conv_with_packed_weights_pads_the_rows_each_output_row_reads_
     model, bucket = _blocked_conv_model(group=4, channels=64, height=640), {"x": (1, 64, 640, 14)}
     kernels = _fused_kernels(model, bucket, mcpu="haswell")
     func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
-    rule, script = _first_match(func)
+    rule, script = _first_match(func, mcpu="haswell")
     assert rule == "Contraction"
     lines = script.splitlines()
     parallel = next(i for i, line in enumerate(lines) if "T.parallel" in line)
@@ -422,7 +425,7 @@ def test_a_channel_blocked_conv_of_a_million_multiply_adds_runs_in_parallel():
     """MobileNetV3's 1x1 80 -> 184 conv on its 14x14 map (2.9M multiply-adds) ran on one core under the
     4M threshold every contraction had; a channel-blocked conv over a map wider than a pixel takes 1M."""
     kernels = _fused_kernels(_blocked_conv_model(), {"x": (1, 32, 14, 14)}, mcpu="haswell")  # 1.8M
-    rule, script = _first_match(next(f for name, f in kernels.items() if "conv2d_nchwc" in name))
+    rule, script = _first_match(next(f for name, f in kernels.items() if "conv2d_nchwc" in name), mcpu="haswell")
     assert rule == "Contraction" and "T.parallel" in script
 
 
@@ -454,7 +457,7 @@ def test_a_blocked_conv_whose_tile_weights_outgrow_l1_takes_its_reduction_in_chu
     weights, so the input channel blocks go outermost and the row's column tiles share each chunk."""
     kernels = _fused_kernels(_blocked_conv_model(channels=256), {"x": (1, 256, 14, 14)}, mcpu="haswell")
     func = next(f for name, f in kernels.items() if "conv2d_nchwc" in name)
-    rule, script = _first_match(func)
+    rule, script = _first_match(func, mcpu="haswell")
     assert rule == "Contraction"
     # 32 channel blocks, each a chunk shared by the row's column tiles: two whole tiles of 5 columns, then
     # the last (4 columns) peeled off (4 x 2 tiles over the 14 columns estimated worse than 2 x 5).
