@@ -1,6 +1,6 @@
 """The precision contract: an accuracy budget that holds or breaks on real reduced-precision answers
-(OpenVINO with its weights stored in fp16), the budget's bounds one by one, and reduced precisions a
-CPU cannot run refused with the reason."""
+(OpenVINO with its weights stored in fp16; bf16 and f16 arithmetic where the CPU has them), the
+budget's bounds one by one, and reduced precisions a CPU cannot run refused with the reason."""
 
 from __future__ import annotations
 
@@ -100,6 +100,12 @@ def test_a_reduced_arithmetic_runs_only_where_the_cpu_has_it(tmp_path, precision
         assert missing_precision(precision) is None
         engine = OpenVinoEngine(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision=precision)
         assert engine.name == f"openvino-{precision}"
+        # The arithmetic really is reduced (the answers move off fp32's), and stays within a budget.
+        image = {"x": np.random.default_rng(1).standard_normal(BUCKET["x"]).astype(np.float32)}
+        got, want = engine.run(image)["y"], OrtEngine(data).run(image)["y"]
+        assert np.abs(got - want).max() > 1e-4
+        result = compare_within_budget({"y": got}, {"y": want}, AccuracyBudget(cosine=0.999))
+        assert result.matches, result.detail
     else:
         assert f"{precision} needs a CPU with it" in missing_precision(precision)
         with pytest.raises(CompileError, match=f"{precision} needs a CPU with it"):
