@@ -121,20 +121,20 @@ def target_vector_bits(target: str) -> int:
     return vector_unit(tvm.target.Target(json.loads(target))).bits
 
 
-def _cpuinfo(field: str) -> str:
+def cpuinfo_field(field: str) -> str:
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(field)), "")
 
 
 def host_isa() -> str:
     """The host's widest vector ISA."""
-    flags = _cpuinfo("flags").split()
+    flags = cpuinfo_field("flags").split()
     return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
 
 
 def cpu_name() -> str:
     """The CPU's model name and its widest vector ISA, as every figure must state them."""
-    return f"{_cpuinfo('model name') or '?'}, {host_isa()}, {len(os.sched_getaffinity(0))} cores"
+    return f"{cpuinfo_field('model name') or '?'}, {host_isa()}, {len(os.sched_getaffinity(0))} cores"
 
 
 def bucket_shapes(bucket: str) -> dict[str, tuple[int, ...]]:
