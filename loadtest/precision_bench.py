@@ -1,5 +1,5 @@
 """Reduced precision against fp32 ONNX Runtime, in one process per model: ONNX Runtime fp32, OpenVINO
-fp32 and OpenVINO in each reduced precision asked for, interleaved, each verified within a budget.
+fp32 and OpenVINO in each reduced precision asked for, timed in turn, each verified within a budget.
 
     .venv/bin/python loadtest/precision_bench.py [--models resnet50 vit_b_16 bert_base]
         [--precisions bf16] [--rounds 3] [--runs 20]
@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-
+from compiler.measuring.timing import median_latencies_ms  # noqa: E402
+from compiler.models.model import load_model  # noqa: E402
+from compiler.running.arrays import random_inputs  # noqa: E402
 from compiler.running.engines import OrtEngine  # noqa: E402
 from compiler.running.openvino_engine import OpenVinoEngine, missing_precision  # noqa: E402
 from compiler.running.precision import AccuracyBudget, compare_within_budget  # noqa: E402
@@ -38,29 +36,13 @@ CLASSIFIER_BUDGET = {"cosine": 0.99, "top_k": 5}
 OTHER_BUDGET = {"cosine": 0.999}
 
 
-def inputs_for(data: bytes, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """Seeded inputs of the model's own types: token ids (and masks) below 1000, images normal."""
-    graph = onnx.load_from_string(data).graph
-    dtypes = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in graph.input}
-    rng = np.random.default_rng(0)
-    return {
-        name: rng.integers(0, 1000, shape).astype(dtypes[name]) if np.issubdtype(dtypes[name], np.integer)
-        else rng.standard_normal(shape).astype(dtypes[name])
-        for name, shape in shapes.items()
-    }  # fmt: skip
-
-
-def run_ms(engine, feed: dict[str, np.ndarray]) -> float:
-    started = time.perf_counter()
-    engine.run(feed)
-    return (time.perf_counter() - started) * 1000
-
-
 def measure(name: str, precisions: list[str], rounds: int, runs: int, budget: dict | None) -> list[dict]:
-    """Every round of one model: ms per engine, interleaved run by run."""
+    """Every round of one model: ms per engine, the engines timed in turn (blocks of 5 runs)."""
     data = zoo_path(name).read_bytes()
     shapes = ZOO_MODELS[name]
-    feed = inputs_for(data, shapes)
+    model = load_model(data, max_bytes=len(data))
+    dtypes = {spec.name: spec.dtype for spec in model.signature.inputs}
+    feed = random_inputs(shapes, dtypes, 0, model.index_bounds.limits)
     ort = OrtEngine(data, threads=2, spinning=False)  # spinning threads would hold the cores OpenVINO needs next
     want = ort.run(feed)
     bound = AccuracyBudget(**(budget or (OTHER_BUDGET if name in TRANSFORMERS else CLASSIFIER_BUDGET)))
@@ -76,17 +58,9 @@ def measure(name: str, precisions: list[str], rounds: int, runs: int, budget: di
             errors[precision] = result.detail
             if result.matches:
                 engines[engine.name] = engine
-    for engine in engines.values():  # warm up
-        engine.run(feed)
-    results = []
-    for _ in range(rounds):
-        samples: dict[str, list[float]] = {label: [] for label in engines}
-        for _ in range(runs):
-            for label, engine in engines.items():
-                samples[label].append(run_ms(engine, feed))
-        ms = {label: statistics.median(values) for label, values in samples.items()}
-        results.append({"model": name, "ms": ms, "errors": errors})
-    return results
+    return [
+        {"model": name, "ms": median_latencies_ms(engines, feed, runs=runs), "errors": errors} for _ in range(rounds)
+    ]
 
 
 def main() -> int:
@@ -103,7 +77,7 @@ def main() -> int:
         return 0
     flags = [f for f in ("avx512_bf16", "avx512_fp16", "amx_bf16") if f in cpuinfo_field("flags").split()]
     print(f"{cpu_name()} ({', '.join(flags) or 'no bf16 or fp16 hardware'}); batch 1, "
-          f"median of {args.runs} interleaved runs per round\n")  # fmt: skip
+          f"median of {args.runs} runs per round, engines in turn\n")  # fmt: skip
     engines = ["openvino", *(f"openvino-{p}" for p in args.precisions)]
     print("| model | ORT fp32 ms | " + " | ".join(f"{e} / ORT" for e in engines) + " |")
     print("|---|---|" + "---|" * len(engines))
