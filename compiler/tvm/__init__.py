@@ -31,5 +31,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # register tile; 30: chained polynomial math kept in stages rather than copied at every load; 31: a
 # squeeze-excitation gate computed once per channel, its broadcast multiply a parallel stage; 32: an
 # unblocked model's matmul whose columns fill no whole vectors reads its weight from panels; 33: every
-# matmul by a static weight reads it from panels, an unblocked model's too).
-COMPILER_VERSION = "33"
+# matmul by a static weight reads it from panels, an unblocked model's too; 34: channels padded to
+# whole blocks, every conv of a blocked model blocked).
+COMPILER_VERSION = "34"

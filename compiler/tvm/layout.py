@@ -38,6 +38,7 @@ import re
 import tvm
 from tvm import relax
 
+from .channel_padding import pad_channels_to_blocks
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 
@@ -332,10 +333,14 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         mod = _rewritten(mod, _ALWAYS)
-        if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()] or not blocks_pay(mod["main"], block):
+        if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
             return _panels_lifted(_rewritten(mod, _LAST), block)
         try:
-            prepared = _rewritten(mod, _FOR_BLOCKING)
+            # Whether blocks pay is judged with the channels padded: a model of 12-channel convs has none
+            # to block by 8 until they are.
+            prepared = pad_channels_to_blocks(_rewritten(mod, _FOR_BLOCKING), block)
+            if not blocks_pay(prepared["main"], block):
+                return _panels_lifted(_rewritten(mod, _LAST), block)
             blocked = relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(prepared))
         except Exception:  # noqa: BLE001 - TVM raises InternalError, ValueError, TypeError...; NCHW is always sound
             # An op whose layout rule refuses the blocked layout (Magika's: "Invalid SLayout: can't find S
