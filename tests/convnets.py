@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from tests.synthetic import make_model, value
 
 
-class _Net:
+class Net:
     """Nodes and seeded weights, added one op at a time; each method returns its output's name."""
 
     def __init__(self, seed: int) -> None:
@@ -90,7 +90,7 @@ def residual_model(width: int = 16) -> bytes:
     """ResNet's stem (7x7 stride-2 conv on 3 channels, 3x3 stride-2 max pool), a bottleneck that
     downsamples (1x1, 3x3 stride 2, 1x1; its shortcut a 1x1 stride-2 conv) and one with an identity
     shortcut, whose input is the previous block's add: the residual add fused in front of a conv."""
-    n = _Net(21)
+    n = Net(21)
     x = n.op("MaxPool", n.op("Relu", n.conv("x", 3, width, 7, stride=2)), kernel_shape=[3, 3], strides=[2, 2],
              pads=[1, 1, 1, 1])  # fmt: skip
     wide = 4 * width
@@ -105,7 +105,7 @@ def mobile_model(width: int = 16) -> bytes:
     """MobileNetV3 and EfficientNet blocks: a hardswish stem, an inverted residual (1x1 expand, 3x3
     depthwise, squeeze-excitation, 1x1 project, residual add) and a SiLU one with a 5x5 stride-2
     depthwise conv."""
-    n = _Net(22)
+    n = Net(22)
     x = n.op("HardSwish", n.conv("x", 3, width, 3, stride=2))
     wide = 4 * width
     expanded = n.op("HardSwish", n.conv(x, width, wide, 1))
@@ -120,7 +120,7 @@ def mobile_model(width: int = 16) -> bytes:
 def branches_model(width: int = 16) -> bytes:
     """ResNeXt's grouped 3x3 conv, DeepLab's dilated one, DenseNet's concat, pre-activation norm and
     average pool, and a 2x nearest resize back up to a segmentation head's size."""
-    n = _Net(23)
+    n = Net(23)
     x = n.op("Relu", n.conv("x", 3, 2 * width, 3, stride=2))
     grouped = n.op("Relu", n.conv(x, 2 * width, 2 * width, 3, group=4))
     dilated = n.op("Relu", n.conv(x, 2 * width, width, 3, dilation=2))
@@ -136,7 +136,7 @@ def convnext_model(width: int = 16) -> bytes:
     """ConvNeXt's patchify stem (4x4 stride-4 conv) and a block: 7x7 depthwise conv, channels-last
     LayerNorm and MLP (MatMuls by 2-D weights over the map, GELU between them), back to channels
     first, residual add."""
-    n = _Net(24)
+    n = Net(24)
     x = n.conv("x", 3, width, 4, stride=4)
     last = n.op("Transpose", n.conv(x, width, width, 7, group=width), perm=[0, 2, 3, 1])
     scale, bias = np.ones(width, np.float32), np.zeros(width, np.float32)

@@ -15,6 +15,7 @@ from compiler.models.model import load_model
 from compiler.storage.store import KernelStore
 from compiler.tvm.channel_padding import pad_channels_to_blocks, padded_channels
 from tests import convnets
+from tests.convnets import Net
 
 RNG = np.random.default_rng(5)
 
@@ -110,6 +111,43 @@ def test_convnets_of_ragged_widths_compile_every_conv_blocked_and_verify(tmp_pat
     each is padded, so every conv but none runs blocked, and the answers match ONNX Runtime's."""
     model = load_model(build(width=12), max_bytes=1 << 24)
     manifest = compile_bucket(model, {"x": (1, 3, 56, 56)}, resolve_target("llvm"), KernelStore(tmp_path)).manifest
+    assert manifest.verified, manifest.verification
+    convs = [name for name in manifest.schedules if "conv2d" in name]
+    assert convs and all("conv2d_nchwc" in name for name in convs), convs
+
+
+def _grouped(stride: int) -> tvm.IRModule:
+    """A 3x3 conv of 32 channels in 8 groups of 4 (ResNeXt's first stage has 32 groups of 4)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 12, 12), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _const(32, 4, 3, 3), strides=stride, padding=1, groups=8))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_a_strided_conv_of_narrow_groups_runs_with_block_wide_groups_its_weights_block_diagonal(block):
+    mod = _grouped(stride=2)
+    widened = relax.transform.Normalize()(pad_channels_to_blocks(mod, block))
+    (conv,) = _calls(widened, "relax.nn.conv2d")
+    assert int(conv.attrs.groups) == 32 // block and [int(d) for d in conv.args[1].ty.shape.values] == [32, block, 3, 3]
+    x = RNG.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(_run(widened, x), _run(mod, x), rtol=1e-4, atol=1e-5)
+    # At stride 1 its rows are read whole: it stays as it is (NCHW, no extra multiply-adds).
+    (conv,) = _calls(relax.transform.Normalize()(pad_channels_to_blocks(_grouped(stride=1), block)), "relax.nn.conv2d")
+    assert int(conv.attrs.groups) == 8
+
+
+def test_a_net_with_a_strided_conv_of_narrow_groups_compiles_it_blocked_and_verifies(tmp_path):
+    n = Net(31)
+    x = n.op("Relu", n.conv("x", 3, 32, 3, stride=2))
+    x = n.op("Relu", n.conv(x, 32, 32, 3, stride=2, group=8))
+    x = n.op("Relu", n.conv(x, 32, 64, 1))
+    model = load_model(n.model("narrow_groups", n.classifier(x, 64), ["N", 10]), max_bytes=1 << 24)
+    manifest = compile_bucket(model, {"x": (2, 3, 56, 56)}, resolve_target("llvm"), KernelStore(tmp_path)).manifest
     assert manifest.verified, manifest.verification
     convs = [name for name in manifest.schedules if "conv2d" in name]
     assert convs and all("conv2d_nchwc" in name for name in convs), convs

@@ -206,10 +206,10 @@ def test_a_classifier_whose_classes_fill_no_whole_panel_gets_a_zero_padded_last_
     the weight transform and the product is cut back to the classes (the 1 x 1280 x 1000 Gemv ran at
     2x ONNX Runtime's time on weights 1000 floats apart, cold in the cache)."""
     from compiler.tvm.schedules.base import vector_lanes
-    from tests.convnets import _Net
+    from tests.convnets import Net
 
     width = 2 * vector_lanes(tvm.target.Target(TARGET), "float32")
-    net = _Net(25)
+    net = Net(25)
     features = net.op("Relu", net.conv("x", 3, 16, 3, stride=4))
     model = net.model("classifier", net.classifier(features, 16, classes=40), ["N", 40])
     calls = _calls_after_layout(model, {"x": (1, 3, 56, 56)})
