@@ -248,7 +248,7 @@ class _ChannelPadder:
                 values.append(info.value)
                 operands.append(arg)
                 continue
-            if shape is None:
+            if shape is None or len(shape) > 4:  # a wider operand would move the channel axis
                 return None
             channel = len(shape) - 3  # the channel axis, broadcast against NCHW from the right
             if channel < 0 or shape[channel] == 1:
