@@ -151,3 +151,22 @@ def test_a_net_with_a_strided_conv_of_narrow_groups_compiles_it_blocked_and_veri
     assert manifest.verified, manifest.verification
     convs = [name for name in manifest.schedules if "conv2d" in name]
     assert convs and all("conv2d_nchwc" in name for name in convs), convs
+
+
+def test_an_operand_of_more_axes_gets_the_real_channels_as_they_are():
+    """A per-channel constant of 5 axes, broadcast against the padded NCHW map, would put the channels on
+    the result's third axis: the map is sliced back first, and the function computes what it did."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 6, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, _const(24, 16, 1, 1)))
+            z = bb.emit(relax.op.multiply(y, _const(1, 1, 24, 1, 1)))
+            out = bb.emit_output(relax.op.reshape(z, (1, 24 * 36)))
+        bb.emit_func_output(out)
+    mod = relax.transform.Normalize()(bb.get())
+    padded = relax.transform.Normalize()(pad_channels_to_blocks(mod, 16))
+    assert [int(c.ty.shape.values[1]) for c in _calls(padded, "relax.nn.conv2d")] == [32]
+    assert len(_calls(padded, "relax.strided_slice")) == 1
+    x = RNG.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(padded, x), _run(mod, x), rtol=1e-4, atol=1e-5)
