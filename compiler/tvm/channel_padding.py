@@ -22,10 +22,13 @@ Runs in the compile child only (imports TVM).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax
+
+from .shapes import static_shape
 
 # A conv's output is padded only where the pad costs at most half again its work (24 -> 32 on AVX-512,
 # not 8 -> 16).
@@ -67,14 +70,6 @@ def padded_channels(channels: int, block: int) -> int:
     return padded if padded <= MAX_PADDED_SHARE * channels else channels
 
 
-def _shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
-
-
 def _finite(value) -> float | None:
     with np.errstate(all="ignore"):
         value = np.float32(value)
@@ -87,11 +82,12 @@ def _scalar_constant(expr: relax.Expr) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
 class _Padded:
     """What is known of a padded NCHW map: its real channel count and its pad channels' value."""
 
-    def __init__(self, channels: int, value: float) -> None:
-        self.channels, self.value = channels, value
+    channels: int
+    value: float
 
 
 class _ChannelPadder:
@@ -111,7 +107,7 @@ class _ChannelPadder:
 
     def pad_axis(self, expr: relax.Expr, axis: int, to: int) -> relax.Var:
         """``expr`` with zeros after its ``axis`` up to ``to``."""
-        shape = _shape(expr)
+        shape = static_shape(expr)
         widths = [0] * (2 * len(shape))
         widths[2 * axis + 1] = to - shape[axis]
         return self.builder.emit(relax.op.nn.pad(expr, widths))
@@ -166,7 +162,7 @@ class _ChannelPadder:
     def _conv(self, call: relax.Call, args: list) -> tuple[relax.Expr, _Padded | None]:
         data, weight = args
         attrs = call.attrs
-        data_shape, weight_shape = _shape(data), _shape(weight)
+        data_shape, weight_shape = static_shape(data), static_shape(weight)
         plain = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == ("NCHW", "OIHW", "NCHW")
         if not plain or data_shape is None or weight_shape is None or call.ty.dtype != "float32":
             return relax.Call(call.op, [self.sliced(data), weight], attrs, call.ty_args), None
@@ -184,7 +180,7 @@ class _ChannelPadder:
             groups, weight, out_info = data_shape[1], self.pad_axis(weight, 0, data_shape[1]), _Padded(groups, 0.0)
         else:
             data = self.sliced(data)
-            if self.widens_groups(call, _shape(data), weight_shape):
+            if self.widens_groups(call, static_shape(data), weight_shape):
                 weight, groups = self.block_diagonal(weight, weight_shape), weight_shape[0] // self.block
         conv = relax.op.nn.conv2d(
             data, weight, attrs.strides, attrs.padding, attrs.dilation, groups,
@@ -223,14 +219,12 @@ class _ChannelPadder:
         if name in _UNARY and len(args) == 1:
             with np.errstate(all="ignore"):
                 value = _finite(_UNARY[name](np.float32(lead.value)))
-            return (
-                (relax.Call(call.op, args, call.attrs, call.ty_args), _Padded(lead.channels, value))
-                if (value is not None)
-                else None
-            )
+            if value is None:
+                return None
+            return relax.Call(call.op, args, call.attrs, call.ty_args), _Padded(lead.channels, value)
         if name in _BINARY and len(args) == 2:
             return self._binary(call, args, infos, lead)
-        shape = _shape(call)
+        shape = static_shape(call)
         if name in _SPATIAL_REDUCTIONS and shape is not None and len(shape) == 4:
             axes = sorted(int(a) % 4 for a in call.attrs.axis) if call.attrs.axis is not None else []
             if axes and 1 not in axes and bool(call.attrs.keepdims):
@@ -240,10 +234,10 @@ class _ChannelPadder:
         return None
 
     def _binary(self, call: relax.Call, args: list, infos: list, lead: _Padded):
-        padded_to = next(_shape(a)[1] for a, info in zip(args, infos, strict=True) if info is not None)
+        padded_to = next(static_shape(a)[1] for a, info in zip(args, infos, strict=True) if info is not None)
         values, operands = [], []
         for arg, info in zip(args, infos, strict=True):
-            shape = _shape(arg)
+            shape = static_shape(arg)
             if info is not None:
                 values.append(info.value)
                 operands.append(arg)
@@ -286,7 +280,7 @@ def pad_channels_to_blocks(mod: tvm.ir.IRModule, block: int) -> tvm.ir.IRModule:
     builder = padder.builder
     with builder.function("main", list(func.params), attrs=dict(func.attrs), pure=func.is_pure):
         with builder.dataflow():
-            for binding in body.blocks[0].bindings:
+            for binding in blocks[0].bindings:
                 value, info = padder.rewrite(binding.value)
                 if not isinstance(binding.var, relax.DataflowVar):
                     value = padder.sliced(padder.emit(value, info, binding.var.name)) if info else value

@@ -41,6 +41,7 @@ from tvm import relax
 from .channel_padding import pad_channels_to_blocks
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
+from .shapes import static_shape
 
 
 def _clip_as_min_max(call: relax.Call) -> relax.Expr:
@@ -77,7 +78,7 @@ def _batch_norm_as_scale_shift(call: relax.Call) -> relax.Expr:
     norms put two transforms of the whole concatenated map around each of its 58 layers."""
     data, gamma, beta, mean, var = call.args
     attrs = call.attrs
-    shape = _static(getattr(data.ty, "shape", None))
+    shape = static_shape(data)
     if bool(attrs.training) or shape is None or len(shape) != 4 or int(attrs.axis) != 1:
         return call
     dtype = data.ty.dtype
@@ -94,13 +95,6 @@ def _batch_norm_as_scale_shift(call: relax.Call) -> relax.Expr:
     return relax.Tuple([out, mean, var])
 
 
-def _static(shape) -> list[int] | None:
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
-
-
 def live_taps(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, before: int) -> tuple[int, int]:
     """The kernel taps [first, last] along one axis that read the input (not its zero padding) at some
     output position: with ``sizes`` (input, output), tap t reads rows y * stride + t * dilation - before
@@ -113,7 +107,7 @@ def live_taps(sizes: tuple[int, int], kernel: int, stride: int, dilation: int, b
 
 def _conv_geometry(call: relax.Call) -> tuple | None:
     """(data, weight and output shapes, strides, dilation, padding) of a conv with static shapes."""
-    data, weight, out = (_static(getattr(e.ty, "shape", None)) for e in (call.args[0], call.args[1], call))
+    data, weight, out = (static_shape(e) for e in (call.args[0], call.args[1], call))
     if data is None or weight is None or out is None:
         return None
     attrs = call.attrs
@@ -209,8 +203,8 @@ def _matmul_rows_flattened(call: relax.Call) -> relax.Expr:
     7 rows, each padded to 8 and copied per column tile (2.6 ms against ONNX Runtime's 1.5). Flattened,
     their epilogue (GELU) is a kernel of its own after the reshape; ConvNeXt-Tiny ran 0.974x at batch 1
     and 0.952x at batch 8, the BERT l2 encoder and PP-OCRv4 rec at batch 8 alike (AMD EPYC Zen 3, AVX2)."""
-    data, weight = (_static(getattr(arg.ty, "shape", None)) for arg in call.args)
-    out = _static(getattr(call.ty, "shape", None))
+    data, weight = (static_shape(arg) for arg in call.args)
+    out = static_shape(call)
     if data is None or weight is None or out is None or len(weight) != 2 or len(data) < 3:
         return call
     if math.prod(data[:-2]) == 1:
@@ -258,8 +252,8 @@ def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
     or ``None`` where it stays NCHW: a map or channel count not static, or channels that do not fill whole
     blocks (a grouped conv whose groups are narrower than a block)."""
     attrs = call.attrs
-    data = _static(getattr(call.args[0].ty, "shape", None))
-    weight = _static(getattr(call.args[1].ty, "shape", None))
+    data = static_shape(call.args[0])
+    weight = static_shape(call.args[1])
     if data is None or weight is None or call.ty.dtype != "float32" or call.args[0].ty.dtype != "float32":
         return None
     if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
@@ -283,15 +277,15 @@ def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
 
 
 def _multiply_accumulates(call: relax.Call) -> int:
-    out = _static(getattr(call.ty, "shape", None)) or [0]
-    weight = _static(getattr(call.args[1].ty, "shape", None)) or [0]
+    out = static_shape(call) or [0]
+    weight = static_shape(call.args[1]) or [0]
     return math.prod(out) * math.prod(weight[1:])
 
 
 def narrow_rows(call: relax.Call, block: int) -> bool:
     """Whether ``call``'s output rows fill no two whole vectors: NCHW vectorizes its width, and a row of
     56, 28, 14 or 7 leaves it one vector or less (two vectors are its register tile's width)."""
-    out = _static(getattr(call.ty, "shape", None))
+    out = static_shape(call)
     return out is not None and (whole_vector_tile(out[3], block) or 0) < 2 * block
 
 
@@ -330,21 +324,27 @@ def channel_block_passes(target: tvm.target.Target) -> list:
             return {}
         return {"relax.nn.conv2d": blocked_layouts(call, block) or ["NCHW", "OIHW", "NCHW"]}
 
-    @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
-    def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        mod = _rewritten(mod, _ALWAYS)
+    def blocked_or_none(mod: tvm.ir.IRModule) -> tvm.ir.IRModule | None:
+        """``mod`` with its convs blocked, or ``None`` where it keeps NCHW."""
         if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
-            return _panels_lifted(_rewritten(mod, _LAST), block)
+            return None
         try:
             # Whether blocks pay is judged with the channels padded: a model of 12-channel convs has none
             # to block by 8 until they are.
             prepared = pad_channels_to_blocks(_rewritten(mod, _FOR_BLOCKING), block)
             if not blocks_pay(prepared["main"], block):
-                return _panels_lifted(_rewritten(mod, _LAST), block)
-            blocked = relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(prepared))
+                return None
+            return relax.transform.Normalize()(relax.transform.ConvertLayout({}, layouts)(prepared))
         except Exception:  # noqa: BLE001 - TVM raises InternalError, ValueError, TypeError...; NCHW is always sound
             # An op whose layout rule refuses the blocked layout (Magika's: "Invalid SLayout: can't find S
             # in source layout ABC"): the model keeps NCHW, as it compiled before, rather than failing.
+            return None
+
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
+    def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        mod = _rewritten(mod, _ALWAYS)
+        blocked = blocked_or_none(mod)
+        if blocked is None:
             return _panels_lifted(_rewritten(mod, _LAST), block)
         blocked = relax.transform.Normalize()(_rewritten(blocked, _LAST))
         # Constants are left to the pipeline's own folding stage, after legalization: folded here, before it,

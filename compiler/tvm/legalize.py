@@ -41,14 +41,7 @@ from .schedules.base import (
     vector_lanes,
     whole_vector_tile,
 )
-
-
-def _static_shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return [int(d) for d in dims]
+from .shapes import static_shape
 
 
 def _channels_static(expr: relax.Expr) -> bool:
@@ -66,7 +59,7 @@ def _on_cpu() -> bool:
 
 def _is_upsampling_transpose(call: relax.Call) -> bool:
     attrs = call.attrs
-    weight_shape = _static_shape(call.args[1])
+    weight_shape = static_shape(call.args[1])
     if not _on_cpu() or weight_shape is None or len(weight_shape) != 4 or not _channels_static(call.args[0]):
         return False
     strides = [int(s) for s in attrs.strides]
@@ -87,7 +80,7 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if not _is_upsampling_transpose(call):
         return _DEFAULT_CONV2D_TRANSPOSE(bb, call)
     out_dtype = call.ty.dtype
-    _, out_channels, sy, sx = _static_shape(call.args[1])
+    _, out_channels, sy, sx = static_shape(call.args[1])
 
     def phases(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
         # phase[n, a, b, o, i, j] feeds output pixel (i*sy + a, j*sx + b): rows o, columns j (contiguous in data).
@@ -116,7 +109,7 @@ def _conv2d_transpose(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 def _flattened_pointwise(call: relax.Call) -> bool:
     """A 1x1 conv whose map, flattened, fills vectors that its width alone does not."""
     attrs = call.attrs
-    weight_shape = _static_shape(call.args[1])
+    weight_shape = static_shape(call.args[1])
     if not _on_cpu() or weight_shape is None or not _channels_static(call.args[0]):
         return False
     if call.ty.dtype != "float32":
@@ -143,7 +136,7 @@ def _pads_width(call: relax.Call) -> bool:
     dynamic tier), or a static one whose whole-vector tiles would use fewer of the lanes (rec's width
     25 or 50: no tile of 16 lanes divides them)."""
     attrs = call.attrs
-    weight_shape = _static_shape(call.args[1])
+    weight_shape = static_shape(call.args[1])
     data_shape = getattr(call.args[0].ty, "shape", None)
     out_shape = getattr(call.ty, "shape", None)
     if not _on_cpu() or weight_shape is None or data_shape is None or out_shape is None or call.ty.dtype != "float32":
@@ -175,7 +168,7 @@ def _padded_width_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     out_dtype = call.ty.dtype
     out_width = _dim(call.ty.shape.values[3])
-    out_channels, group_channels, kernel_h, kernel_w = _static_shape(call.args[1])
+    out_channels, group_channels, kernel_h, kernel_w = static_shape(call.args[1])
     stride_h, stride_w = (int(s) for s in attrs.strides)
     dilation_h, dilation_w = (int(d) for d in attrs.dilation)
     top, left, bottom, right = (int(p) for p in attrs.padding)
@@ -311,7 +304,7 @@ def _blocked_conv(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 def _subsamples(call: relax.Call, blocked_input: bool) -> bool:
     """A strided 1x1 conv over a blocked map (ResNet's downsample shortcut) reads every s-th pixel: its
     weights met half-used cache lines of an input twice the size."""
-    kernel = _static_shape(call.args[1])
+    kernel = static_shape(call.args[1])
     attrs = call.attrs
     return (
         blocked_input
@@ -337,7 +330,7 @@ def _conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if not _flattened_pointwise(call):
         return _padded_width_conv(bb, call) if _pads_width(call) else _DEFAULT_CONV2D(bb, call)
     batch, in_channels, height, width = (_dim(d) for d in call.args[0].ty.shape.values)
-    out_channels = _static_shape(call.args[1])[0]
+    out_channels = static_shape(call.args[1])[0]
     out_dtype = call.ty.dtype
 
     def pointwise(rows: te.Tensor, weight: te.Tensor) -> te.Tensor:

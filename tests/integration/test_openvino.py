@@ -64,11 +64,11 @@ def test_three_engines_are_timed_and_the_fastest_verified_one_serves(tmp_path):
 
 
 def test_int8_models_meet_openvino_with_no_tvm_compile(tmp_path):
-    """A static QDQ model: OpenVINO verifies (within one quantization step at most) and serves (routing ``compiled``
-    prefers a verified engine to ONNX Runtime). A dynamically quantized encoder: where OpenVINO's int8 answers
-    differ beyond fp32's tolerance (no output of it is dequantized), ONNX Runtime serves, unless a contract
-    allows int8 within a budget. A QOperator
-    model with ONNX Runtime's own ops: OpenVINO cannot read it, and ONNX Runtime serves as without it."""
+    """A static QDQ model: OpenVINO verifies (within one quantization step at most) and serves (routing
+    ``compiled`` prefers a verified engine to ONNX Runtime). A dynamically quantized encoder: where
+    OpenVINO's int8 answers differ beyond fp32's tolerance (no output of it is dequantized), ONNX Runtime
+    serves, unless a contract allows int8 within a budget. A QOperator model with ONNX Runtime's own ops:
+    OpenVINO cannot read it, and ONNX Runtime serves as without it."""
     qdq = static_quantized_convnet(tmp_path, QuantFormat.QDQ)
     step = load_model(qdq, max_bytes=1 << 26).output_steps["y"]
     server = ServerProcess(tmp_path / "data", openvino=True, routing="compiled", tuning_enabled=False).start()
