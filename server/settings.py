@@ -172,6 +172,12 @@ class Settings(CompileSettings):
     measured when it was verified. The weights are not counted here: once per model version, they are the
     model's memory (see ``memory_bytes``)."""
 
+    max_transformed_weights_ratio: float = Field(2.0, ge=0)
+    """What a model version's kernels may compute from its weights at load (matmul panels, channel-blocked
+    conv weights), in multiples of the weights' bytes; 0: no bound. Buckets whose kernels read the same
+    layout share one copy; a kernel that needs a layout of its own past this bound is not loaded, and its
+    bucket is served by the other engines (its reason says so). ``GET /models/{name}`` reports the bytes."""
+
     memory_bytes: int | None = Field(None, ge=0)
     """Memory the server may use (none: the container's limit, else the machine's). An upload whose weights
     would take the server and its children past it (4x the weights while it loads: its bytes, the parsed

@@ -13,7 +13,7 @@ import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
 from ..building.cuda_math import use_exact_cuda_math
-from ..errors import BadRequestError
+from ..errors import BadRequestError, CompileError
 from .arrays import contiguous
 
 
@@ -91,33 +91,58 @@ def device_weights(arrays: list[np.ndarray], device: str = "llvm") -> list:
 
 
 TRANSFORM_PARAMS = "main_transform_params"
-"""A kernel's lifted weight transform (see compiler/tvm/layout.py): run once, its results are the weights
-``main`` takes."""
+"""A kernel's lifted weight transform (see compiler/tvm/layout.py), split into one function per weight
+``main`` takes (``transform_output_name``, compiler/tvm/weight_transform.py): run once, their results are
+the weights ``main`` takes."""
+
+
+def transform_output_name(index: int) -> str:
+    return f"{TRANSFORM_PARAMS}_{index}"
 
 
 class TransformedWeights:
-    """What kernels' lifted transforms computed from one model version's weights, once per distinct transform
-    (the manifest's ``weight_transform`` digest): every bucket whose transform is the same shares one copy.
-    ``computed`` hears of each computation (its input weights, its results) as it ends."""
+    """What kernels' lifted transforms computed from one model version's weights, once per distinct output
+    (its digest in the manifest's ``weight_outputs``): every bucket whose kernel reads a weight in the same
+    layout shares one copy of it, and a further bucket computes only what is its own. ``computed`` hears
+    of each kernel's transform (its input weights, all its results) once its missing outputs are computed."""
 
     def __init__(self, computed: Callable[[list, list], None] | None = None) -> None:
-        self._by_digest: dict[str, list] = {}
+        self._by_digest: dict[str, object] = {}
+        self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
         self._computed = computed
-        self.nbytes = 0
 
-    def get(self, digest: str, compute, weights: list) -> list:
-        """The result of ``compute`` over ``weights``, computed once per digest; only what it computed counts
-        in ``nbytes``, not the weights it passes through as they are (an unblocked model's)."""
-        with self._lock:  # held while computing: a second bucket waits for the first one's result
-            found = self._by_digest.get(digest)
-            if found is None:
-                found = self._by_digest[digest] = compute()
-                passed = {weight.data_ptr() for weight in weights}
-                self.nbytes += sum(tensor_bytes(tensor) for tensor in found if tensor.data_ptr() not in passed)
-                if self._computed is not None:
-                    self._computed(weights, found)
-            return found
+    @property
+    def nbytes(self) -> int:
+        """What the transforms computed, not the weights they pass through as they are."""
+        return sum(self._bytes.values())
+
+    @property
+    def count(self) -> int:
+        """Distinct outputs computed (not passed through)."""
+        return sum(1 for size in self._bytes.values() if size)
+
+    def missing_bytes(self, outputs: list[dict]) -> int:
+        """What computing a kernel's transform would add (by its manifest's ``weight_outputs``)."""
+        with self._lock:
+            missing = {fact["digest"]: fact["bytes"] for fact in outputs if fact["digest"] not in self._by_digest}
+            return sum(missing.values())
+
+    def get(self, digests: list[str], compute: Callable[[int], object], weights: list) -> list:
+        """Output ``i`` of a kernel's transform, for each of ``digests``: computed by ``compute(i)`` where no
+        kernel of the version computed that digest before."""
+        with self._lock:  # held while computing: a second bucket waits for the first one's results
+            passed = {weight.data_ptr() for weight in weights}
+            computed = False
+            for i, digest in enumerate(digests):
+                if digest not in self._by_digest:
+                    result = self._by_digest[digest] = compute(i)
+                    self._bytes[digest] = 0 if result.data_ptr() in passed else tensor_bytes(result)
+                    computed = True
+            results = [self._by_digest[digest] for digest in digests]
+            if computed and self._computed is not None:
+                self._computed(weights, results)
+            return results
 
 
 def tensor_bytes(tensor) -> int:
@@ -127,8 +152,8 @@ def tensor_bytes(tensor) -> int:
 class TvmEngine:
     """A compiled Relax executable loaded from the artifact store, run with its model version's weights
     (TVM tensors or arrays, in the kernel's parameter order) after the inputs. A kernel with a lifted
-    weight transform runs it here, once; ``transformed`` (with the manifest's ``weight_transform`` digest)
-    shares its result with the version's other kernels."""
+    weight transform (``weight_outputs``: the manifest's digest and bytes of each output) runs it here, once
+    per output the version's ``transformed`` weights lack; they share them with the version's other kernels."""
 
     name = "tvm"
 
@@ -141,7 +166,7 @@ class TvmEngine:
         device: str = "llvm",
         weights: list | None = None,
         transformed: TransformedWeights | None = None,
-        weight_transform: str | None = None,
+        weight_outputs: list[dict] | None = None,
     ) -> None:
         # Imported here: processes that never run a kernel need not load TVM.
         import tvm
@@ -160,22 +185,33 @@ class TvmEngine:
         # Held while this kernel lives, transformed or not: a server's weight pool keeps a version's weights
         # (and what was computed from them) only while some kernel holds them.
         self._prepared = weights
-        if self._vm.module.implements_function(TRANSFORM_PARAMS):
-            # Run by a VM of its own with the plain allocator: the pooled one keeps all it ever allocated for
-            # later calls, so the transformed weights outlived their model version (a 108 MiB encoder's
-            # panels stayed resident after its delete).
-            transform = relax.VirtualMachine(self._module, self._device, memory_cfg="naive")[TRANSFORM_PARAMS]
-
-            def compute() -> list:
-                return list(transform(weights))
-
-            shared = transformed is not None and weight_transform is not None
-            weights = transformed.get(weight_transform, compute, weights) if shared else compute()
+        weights = self._transformed(weights, weight_outputs, transformed)
         self._weights = weights
         self.input_names = input_names
         self.output_names = output_names
         # The VM keeps per-call register state: one call at a time.
         self._lock = threading.Lock()
+
+    def _transformed(self, weights: list, outputs: list[dict] | None, shared: TransformedWeights | None) -> list:
+        """The weights ``main`` takes: its lifted transform's outputs where it has one. Shared through
+        ``shared`` by the outputs' digests (``outputs``: the manifest's); without them, computed here."""
+        from tvm import relax
+
+        count = 0
+        while self._vm.module.implements_function(transform_output_name(count)):
+            count += 1
+        if not count:
+            return weights
+        if outputs is not None and len(outputs) != count:
+            raise CompileError(f"the kernel's weight transform has {count} outputs, its manifest names {len(outputs)}")
+        sharing = bool(outputs) and shared is not None
+        digests = [fact["digest"] for fact in outputs] if sharing else [str(i) for i in range(count)]
+        # Run by a VM of its own with the plain allocator: the pooled one keeps all it ever allocated for
+        # later calls, so the transformed weights outlived their model version (a 108 MiB encoder's
+        # panels stayed resident after its delete).
+        vm = relax.VirtualMachine(self._module, self._device, memory_cfg="naive")
+        pool = shared if sharing else TransformedWeights()
+        return pool.get(digests, lambda i: vm[transform_output_name(i)](weights), weights)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensor = self._tvm.runtime.tensor

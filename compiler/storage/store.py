@@ -81,10 +81,11 @@ class Manifest(BaseModel):
     ``RowReduction``, ``Injective``), ``tuning record``, or None where nothing did and it runs as naive
     loops; None for a manifest written before this was recorded."""
 
-    weight_transform: str | None = None
-    """Digest of the kernel's lifted weight transform (blocked conv weights, anything computed from the
-    weights alone), which the engine runs once at load; kernels of a model version with the same digest
-    share its result. None where the kernel takes the prepared weights as they are."""
+    weight_outputs: list[dict] | None = None
+    """Per output of the kernel's lifted weight transform (column panels, blocked conv weights, anything
+    computed from the weights alone), in the order ``main`` takes them: its ``digest`` and ``bytes``. The
+    engine computes each once at load; the kernels of a model version share every output whose digest
+    they agree on. None where the kernel takes the prepared weights as they are."""
 
     @property
     def unscheduled(self) -> list[str]:

@@ -32,5 +32,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # squeeze-excitation gate computed once per channel, its broadcast multiply a parallel stage; 32: an
 # unblocked model's matmul whose columns fill no whole vectors reads its weight from panels; 33: every
 # matmul by a static weight reads it from panels, an unblocked model's too; 34: channels padded to
-# whole blocks, every conv of a blocked model blocked; a strided conv of narrow groups runs block-wide).
-COMPILER_VERSION = "34"
+# whole blocks, every conv of a blocked model blocked; a strided conv of narrow groups runs block-wide;
+# 35: the lifted weight transform split into one function per transformed weight, each with its digest).
+COMPILER_VERSION = "35"

@@ -193,7 +193,7 @@ def build_and_verify(job: BuildJob) -> dict:
     )
     facts["schedule_digest"] = observed.get("schedule_digest")
     facts["schedules"] = observed.get("schedules")
-    facts["weight_transform"] = observed.get("weight_transform")
+    facts["weight_outputs"] = observed.get("weight_outputs")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")

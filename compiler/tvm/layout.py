@@ -25,7 +25,8 @@ carries no slice of a blocked map).
 The weights' own transform (OIHW to O{b}o I{b}i blocks; a matmul's weight
 to column panels, ``panels.py``) and anything else computed from weights
 alone is lifted into ``main_transform_params``, which the engine runs once
-per model version instead of once per request (``compiler.running.engines.TRANSFORM_PARAMS``).
+per model version instead of once per request (``compiler.running.engines.TRANSFORM_PARAMS``), split
+into one function per transformed weight (``weight_transform.py``) so that buckets share what they agree on.
 
 Runs in the compile child only (imports TVM).
 """
@@ -42,6 +43,7 @@ from .channel_padding import pad_channels_to_blocks
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 from .shapes import static_shape
+from .weight_transform import split_weight_transform
 
 
 def _clip_as_min_max(call: relax.Call) -> relax.Expr:
@@ -352,7 +354,11 @@ def channel_block_passes(target: tvm.target.Target) -> list:
         # The blocked convs' weight work is lifted whether or not any matmul was packed.
         return relax.transform.LiftTransformParams()(relax.transform.Normalize()(panel_matmuls(blocked, block)[0]))
 
-    return [convert]
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_split_weight_transform")
+    def split(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        return split_weight_transform(mod)
+
+    return [convert, split]
 
 
 def _panels_lifted(mod: tvm.ir.IRModule, block: int) -> tvm.ir.IRModule:

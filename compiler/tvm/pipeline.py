@@ -22,10 +22,10 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
-from ..running.engines import TRANSFORM_PARAMS
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
+from .weight_transform import weight_output_facts
 
 _log = logging.getLogger(__name__)
 
@@ -143,12 +143,6 @@ def schedule_digest(mod: tvm.ir.IRModule) -> str:
     return hashlib.sha256("\n".join(text for _, text in functions).encode()).hexdigest()
 
 
-def weight_transform_digest(func: relax.Function) -> str:
-    """sha256 of the lifted weight transform: two kernels of a model version whose digests agree compute
-    the same weights from it, and share them."""
-    return hashlib.sha256(func.script().encode()).hexdigest()
-
-
 def build_pipeline(
     target: tvm.target.Target,
     database=None,
@@ -160,8 +154,8 @@ def build_pipeline(
 ) -> tvm.transform.Pass:
     """The pipeline as one pass; ``stage_seconds`` (when given) receives each stage's wall time and
     ``observed`` the ``schedule_digest`` of the scheduled module, as ``schedules`` what scheduled
-    each kernel (see :func:`default_schedule_pass`), and as ``weight_transform`` the digest of the weights'
-    lifted transform, where there is one. ``symbolic_bounds``: the range of
+    each kernel (see :func:`default_schedule_pass`), and as ``weight_outputs`` the digest and bytes of each
+    output of the weights' lifted transform, where there is one. ``symbolic_bounds``: the range of
     each symbolic dim (the dynamic tier), which the CPU schedules plan their tiles and threads with.
     ``snapshot(stage, mod)`` (when given) is called after each stage, and after ``FuseOps`` alone
     (``fuse_ops``): what an explain bundle shows and traces the kernels through. The module is
@@ -192,9 +186,8 @@ def build_pipeline(
                 snapshot(name, mod)
             if stage_seconds is not None:
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
-            lifted = any(g_var.name_hint == TRANSFORM_PARAMS for g_var in mod.get_global_vars())
-            if name == "layout" and observed is not None and lifted:
-                observed["weight_transform"] = weight_transform_digest(mod[TRANSFORM_PARAMS])
+            if name == "layout" and observed is not None:
+                observed["weight_outputs"] = weight_output_facts(mod)
             if name == "schedule" and observed is not None:
                 observed["schedule_digest"] = schedule_digest(mod)
                 observed["schedules"] = dict(sorted(schedules.items()))

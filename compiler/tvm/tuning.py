@@ -92,9 +92,11 @@ def register_tensor_intrinsics(target_dict: dict) -> None:
 def without_weight_transform(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
     """``mod`` less the lifted weight transform and its kernels: they run once per model version, and a
     trial spent on them buys no request any time."""
-    if not any(g_var.name_hint == TRANSFORM_PARAMS for g_var in mod.get_global_vars()):
+    if not any(g_var.name_hint.startswith(TRANSFORM_PARAMS) for g_var in mod.get_global_vars()):
         return mod
-    kept = tvm.IRModule({g_var: func for g_var, func in mod.functions_items() if g_var.name_hint != TRANSFORM_PARAMS})
+    kept = tvm.IRModule(
+        {g_var: func for g_var, func in mod.functions_items() if not g_var.name_hint.startswith(TRANSFORM_PARAMS)}
+    )
     return relax.transform.DeadCodeElimination(["main"])(kept)
 
 

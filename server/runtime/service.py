@@ -126,7 +126,10 @@ class ModelService:
         return self._describe(self.registry.get(name))
 
     def _describe(self, served: ServedModel) -> dict:
-        return served.describe() | {"compile_admission": self.compile_admission.describe(served)}
+        return served.describe() | {
+            "compile_admission": self.compile_admission.describe(served),
+            "weights": self.kernels.describe_weights(served),
+        }
 
     def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> dict:
         """Serve a self-contained model given as bytes."""

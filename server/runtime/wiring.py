@@ -127,7 +127,14 @@ def _kernels(
         on_evict=lambda _: metrics.kernels.record_eviction(),
     )
     openvino = OpenVinoBuilds(settings, metrics, artifacts.staging_area, threads=kernel_threads or None)
-    return Kernels(cache, artifacts, metrics, open_engine, openvino if openvino.enabled else None)
+    return Kernels(
+        cache,
+        artifacts,
+        metrics,
+        open_engine,
+        openvino if openvino.enabled else None,
+        max_transformed_ratio=settings.max_transformed_weights_ratio,
+    )
 
 
 def release_retired(kernels: Kernels, served: ServedModel) -> None:

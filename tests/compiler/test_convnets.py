@@ -45,7 +45,7 @@ def test_every_conv_kind_compiles_blocked_verifies_and_is_scheduled(tmp_path, bu
     expected = NCHW_CONVS_16_LANES if vector_lanes(tvm.target.Target(TARGET), "float32") == 16 else NCHW_CONVS
     assert len(unblocked) == expected[build.__name__.removesuffix("_model")], convs
     # Their weights are blocked once per model version, not per request.
-    assert manifest.weight_transform is not None
+    assert manifest.weight_outputs is not None
 
 
 def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp_path):
@@ -58,7 +58,7 @@ def test_buckets_share_one_copy_of_their_blocked_weights_and_each_runs_right(tmp
     model = load_model(convnets.residual_model(), max_bytes=1 << 24)
     store = KernelStore(tmp_path)
     manifests = [compile_bucket(model, {"x": (n, 3, 56, 56)}, TARGET, store).manifest for n in (1, 2)]
-    assert manifests[0].weight_transform == manifests[1].weight_transform is not None
+    assert manifests[0].weight_outputs == manifests[1].weight_outputs is not None
     pool = WeightPool(store)
     mapped = pool.get(model.digest, "llvm").nbytes
     reference = OrtEngine(convnets.residual_model())

@@ -13,6 +13,7 @@ An evicted kernel stays in the artifact store: needing it again is a reload
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import threading
 import weakref
@@ -120,18 +121,21 @@ def open_tvm_engine(library: Path, signature: Signature, target: dict, weights: 
         device=target_kind(target),
         weights=weights,
         transformed=loaded.transformed if loaded is not None else None,
-        weight_transform=getattr(weights, "transform", None),
+        weight_outputs=getattr(weights, "outputs", None),
     )
 
 
 class LoadedWeights:
-    """One model version's prepared weights as TVM tensors over the mapped files (on a GPU, copies)."""
+    """One model version's prepared weights as TVM tensors over the mapped files (on a GPU, copies), and
+    what its kernels' transforms computed from them, at most ``max_transformed_ratio`` times their bytes."""
 
-    def __init__(self, directory: Path, device: str) -> None:
+    def __init__(self, directory: Path, device: str, max_transformed_ratio: float = 0.0) -> None:
         arrays = load_weights(directory)
         self.tensors = dict(zip(arrays, device_weights(list(arrays.values()), device), strict=True))
         self.pages = MappedPages(arrays, self.tensors)
-        # Blocked conv weights, matmul panels and the like, once per distinct transform.
+        self.prepared_bytes = sum(array.nbytes for array in arrays.values())
+        self.max_transformed_ratio = max_transformed_ratio
+        # Blocked conv weights, matmul panels and the like, once per distinct output of the kernels' transforms.
         self.transformed = TransformedWeights(computed=self.pages.give_back_consumed if device != "cuda" else None)
 
     @property
@@ -139,13 +143,43 @@ class LoadedWeights:
         return self.pages.nbytes + self.transformed.nbytes
 
     def for_kernel(self, manifest: Manifest) -> KernelWeights:
-        """The weights a kernel takes, in its order; a kernel naming another set is refused."""
+        """The weights a kernel takes, in its order; a kernel naming another set is refused, and so is one
+        whose transform would take the version's transformed weights past their bound."""
         missing = [name for name in manifest.weights if name not in self.tensors]
         if missing:
             raise CompileError(f"kernel {manifest.key[:16]} takes weights this model version lacks: {missing[:3]}")
-        if manifest.weight_transform is None:
+        if manifest.weight_outputs is None:
             self.pages.reading_as_is(manifest.weights)
-        return KernelWeights([self.tensors[name] for name in manifest.weights], self, manifest.weight_transform)
+            return KernelWeights([self.tensors[name] for name in manifest.weights], self)
+        # An output's digest names its parameters by position: the same digest is the same weight only for
+        # kernels that take the same weights in the same order.
+        order = hashlib.sha256("\n".join(manifest.weights).encode()).hexdigest()[:16]
+        outputs = [{**fact, "digest": f"{order}-{fact['digest']}"} for fact in manifest.weight_outputs]
+        self._check_bound(manifest, outputs)
+        return KernelWeights([self.tensors[name] for name in manifest.weights], self, outputs)
+
+    def _check_bound(self, manifest: Manifest, outputs: list[dict]) -> None:
+        adding = self.transformed.missing_bytes(outputs)
+        bound = self.max_transformed_ratio * self.prepared_bytes
+        if not self.max_transformed_ratio or not adding or self.transformed.nbytes + adding <= bound:
+            return
+        mib = 2**20
+        raise CompileError(
+            f"kernel {manifest.key[:16]} reads its weights in a layout of its own ({adding / mib:.0f} MiB more); "
+            f"the version's transformed weights would take {(self.transformed.nbytes + adding) / mib:.0f} MiB, past "
+            f"{self.max_transformed_ratio:g}x its {self.prepared_bytes / mib:.0f} MiB of weights "
+            "(JITSERVE_MAX_TRANSFORMED_WEIGHTS_RATIO)"
+        )
+
+    def describe(self) -> dict:
+        transformed = self.transformed.nbytes
+        return {
+            "prepared_bytes": self.prepared_bytes,
+            "resident_bytes": self.pages.nbytes,
+            "transformed_bytes": transformed,
+            "transformed_ratio": round(transformed / self.prepared_bytes, 3) if self.prepared_bytes else 0.0,
+            "transformed_outputs": self.transformed.count,
+        }
 
 
 class MappedPages:
@@ -197,17 +231,18 @@ class KernelWeights(list):
     Without it the pool lost them as soon as the first kernel was opened, and each bucket mapped and
     wrapped the weights again (measured: +1x the weights' bytes of RSS per bucket)."""
 
-    def __init__(self, tensors: list, loaded: LoadedWeights, transform: str | None = None) -> None:
+    def __init__(self, tensors: list, loaded: LoadedWeights, outputs: list[dict] | None = None) -> None:
         super().__init__(tensors)
         self.loaded = loaded
-        self.transform = transform  # the manifest's weight_transform digest
+        self.outputs = outputs  # the digest and bytes of each output of the kernel's weight transform
 
 
 class WeightPool:
     """Each model version's weights loaded once, shared by its kernels, gone with the last of them."""
 
-    def __init__(self, artifacts: KernelStore) -> None:
+    def __init__(self, artifacts: KernelStore, max_transformed_ratio: float = 0.0) -> None:
         self.artifacts = artifacts
+        self.max_transformed_ratio = max_transformed_ratio
         self._loaded: weakref.WeakValueDictionary[tuple[str, str], LoadedWeights] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
@@ -215,9 +250,15 @@ class WeightPool:
         with self._lock:
             weights = self._loaded.get((model_digest, device))
             if weights is None:
-                weights = LoadedWeights(self.artifacts.prepared_path(model_digest), device)
+                path = self.artifacts.prepared_path(model_digest)
+                weights = LoadedWeights(path, device, self.max_transformed_ratio)
                 self._loaded[(model_digest, device)] = weights
             return weights
+
+    def find(self, model_digest: str, device: str) -> LoadedWeights | None:
+        """A version's weights where some kernel holds them; None (and nothing loaded) elsewhere."""
+        with self._lock:
+            return self._loaded.get((model_digest, device))
 
     @property
     def total_bytes(self) -> int:
@@ -236,11 +277,15 @@ class Kernels:
         metrics: Metrics,
         open_engine: EngineOpener = open_tvm_engine,
         openvino: OpenVinoBuilds | None = None,
+        *,
+        max_transformed_ratio: float = 0.0,
     ) -> None:
+        """``max_transformed_ratio``: what a version's kernels' transforms may compute from its weights, in
+        multiples of their bytes (0: no bound)."""
         self.cache = cache
         self.artifacts = artifacts
         self.metrics = metrics
-        self.weights = WeightPool(artifacts)
+        self.weights = WeightPool(artifacts, max_transformed_ratio)
         self._open_engine = open_engine
         self.openvino = openvino
         self._rebuilding = threading.Lock()  # one OpenVINO rebuild at a time: requests missing it wait for it
@@ -306,6 +351,12 @@ class Kernels:
                 raise CompileError(built.failure or "openvino failed to build")
             self.hold(served, key, built.engine, built.engine.nbytes)
             return built.engine
+
+    def describe_weights(self, served: ServedModel) -> dict | None:
+        """The version's weights as its kernels hold them: mapped, and transformed (panels, blocked layouts)
+        once per layout its kernels read; None while no kernel holds them."""
+        loaded = self.weights.find(served.model.digest, target_kind(served.target))
+        return loaded.describe() if loaded is not None else None
 
     def loaded_keys(self) -> set[str]:
         """The store keys of the kernels held in memory (whichever versions' weights they run with)."""

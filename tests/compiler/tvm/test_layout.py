@@ -256,7 +256,7 @@ def test_an_unblocked_models_matmuls_read_panels_and_the_server_holds_the_panels
     loaded, store = load_model(model, max_bytes=1 << 22), KernelStore(tmp_path)
     manifest = compile_bucket(loaded, bucket, TARGET, store).manifest
     assert manifest.verified, manifest.verification
-    assert manifest.weight_transform is not None and manifest.unscheduled == [], manifest.schedules
+    assert manifest.weight_outputs is not None and manifest.unscheduled == [], manifest.schedules
     from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine
 
     pool = WeightPool(store)
@@ -301,7 +301,7 @@ def test_a_weight_read_by_two_matmuls_is_packed_once(tmp_path):
     model = make_model(graph).SerializeToString()
     loaded, store = load_model(model, max_bytes=1 << 22), KernelStore(tmp_path)
     manifest = compile_bucket(loaded, {"x": (4, 64)}, TARGET, store).manifest
-    assert manifest.verified and manifest.weight_transform is not None, manifest.verification
+    assert manifest.verified and manifest.weight_outputs is not None, manifest.verification
     pool = WeightPool(store)
     weights = pool.get(loaded.digest, "llvm").for_kernel(manifest)
     engine = open_tvm_engine(store.library_path(manifest.key), loaded.signature, TARGET, weights)
