@@ -52,7 +52,7 @@ def measure(name: str, precisions: list[str], rounds: int, runs: int, budget: di
             if (missing := missing_precision(precision)) is not None:
                 errors[precision] = f"refused: {missing}"
                 continue
-            engine = OpenVinoEngine(data, shapes, list(want), threads=2, ir_dir=Path(scratch) / precision,
+            engine = OpenVinoEngine.static(data, shapes, list(want), threads=2, ir_dir=Path(scratch) / precision,
                                     precision=precision)  # fmt: skip
             result = compare_within_budget(engine.run(feed), want, bound)
             errors[precision] = result.detail

@@ -101,7 +101,7 @@ def _openvino(model, bucket, ort, options, store, *, threads, log) -> tuple[Engi
 
     started = time.perf_counter()
     try:
-        engine = OpenVinoEngine(
+        engine = OpenVinoEngine.static(
             model.data, dict(bucket), model.signature.output_names, threads=threads,
             ir_dir=store.staging_area.entry("openvino"),
         )  # fmt: skip

@@ -53,7 +53,8 @@ def build_runtime(
 
     models_store = ModelStore(settings.model_store_dir)
     artifacts = KernelStore(settings.kernel_store_dir)
-    kernels = _kernels(settings, metrics, artifacts, open_engine, kernel_threads)
+    memory_guard = MemoryGuard(settings.memory_bytes, metrics, lambda: kernels.weights.total_bytes)
+    kernels = _kernels(settings, metrics, artifacts, open_engine, kernel_threads, memory_guard=memory_guard)
     registry = Registry(on_retire=partial(release_retired, kernels))
     explanations = Explanations(artifacts, settings.explain_profile_seconds, kernel_threads or None)
     router = Router(settings, metrics, models_store, artifacts)
@@ -88,7 +89,7 @@ def build_runtime(
         kernel_threads=kernel_threads,
         tuning_database_dir=artifacts.tuning_database,
         start_batcher=partial(start_batcher, settings=settings, inference=inference, metrics=metrics),
-        memory_guard=MemoryGuard(settings.memory_bytes, metrics, lambda: kernels.weights.total_bytes),
+        memory_guard=memory_guard,
     )
     json_parsers = JsonParsers(settings.json_parse_processes)
     body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)
@@ -118,15 +119,24 @@ def build_runtime(
 
 
 def _kernels(
-    settings: Settings, metrics: Metrics, artifacts: KernelStore, open_engine: EngineOpener, kernel_threads: int
+    settings: Settings,
+    metrics: Metrics,
+    artifacts: KernelStore,
+    open_engine: EngineOpener,
+    kernel_threads: int,
+    *,
+    memory_guard: MemoryGuard,
 ) -> Kernels:
-    """The kernel cache over the store, with OpenVINO as an engine where it is enabled and installed."""
+    """The kernel cache over the store, with OpenVINO as an engine where it is enabled and installed (and
+    the server has room for the model it compiles)."""
     cache = KernelCache(
         settings.kernel_cache_entries,
         settings.kernel_cache_bytes,
         on_evict=lambda _: metrics.kernels.record_eviction(),
     )
-    openvino = OpenVinoBuilds(settings, metrics, artifacts.staging_area, threads=kernel_threads or None)
+    openvino = OpenVinoBuilds(
+        settings, metrics, artifacts.staging_area, threads=kernel_threads or None, check_room=memory_guard.check_room
+    )
     return Kernels(
         cache,
         artifacts,

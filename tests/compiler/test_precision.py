@@ -74,7 +74,7 @@ def test_each_bound_of_the_budget():
 def test_fp16_weights_stray_past_fp32_verification_and_keep_a_loose_budget_not_a_tight_one(tmp_path):
     data = convnets.residual_model()
     reference = OrtEngine(data)
-    engine = OpenVinoEngine(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision="f16-weights")
+    engine = OpenVinoEngine.static(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision="f16-weights")
     assert engine.name == "openvino-f16-weights"
 
     def verify(**kwargs):
@@ -89,7 +89,7 @@ def test_fp16_weights_stray_past_fp32_verification_and_keep_a_loose_budget_not_a
     tight, detail = verify(compare=partial(compare_within_budget, budget=AccuracyBudget(atol=1e-6)))
     assert not tight and "beyond atol 1e-06" in detail
     with pytest.raises(CompileError, match="its own format"):
-        OpenVinoEngine(data, BUCKET, ["y"], precision="f16-weights")
+        OpenVinoEngine.static(data, BUCKET, ["y"], precision="f16-weights")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "f16"])
@@ -98,7 +98,7 @@ def test_a_reduced_arithmetic_runs_only_where_the_cpu_has_it(tmp_path, precision
     data = convnets.residual_model()
     if capability in openvino_capabilities():
         assert missing_precision(precision) is None
-        engine = OpenVinoEngine(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision=precision)
+        engine = OpenVinoEngine.static(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision=precision)
         assert engine.name == f"openvino-{precision}"
         # The arithmetic really is reduced (the answers move off fp32's), and stays within a budget.
         image = {"x": np.random.default_rng(1).standard_normal(BUCKET["x"]).astype(np.float32)}
@@ -109,4 +109,4 @@ def test_a_reduced_arithmetic_runs_only_where_the_cpu_has_it(tmp_path, precision
     else:
         assert f"{precision} needs a CPU with it" in missing_precision(precision)
         with pytest.raises(CompileError, match=f"{precision} needs a CPU with it"):
-            OpenVinoEngine(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision=precision)
+            OpenVinoEngine.static(data, BUCKET, ["y"], ir_dir=tmp_path / "ir", precision=precision)

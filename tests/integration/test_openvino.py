@@ -49,7 +49,10 @@ def test_three_engines_are_timed_and_the_fastest_verified_one_serves(tmp_path):
             want = OrtEngine(data).run({"x": _image()})["y"]
             np.testing.assert_allclose(np.array(answer["outputs"]["y"], np.float32), want, rtol=1e-3, atol=1e-4)
             text = client.get("/metrics").text
-            assert metric_value(text, "jitserve_compiles_total", model="res", tier="openvino", outcome="ok") == 1
+            # OpenVINO's compile of the version is its own, never counted as a TVM compile.
+            assert metric_value(text, "jitserve_openvino_compiles_total", model="res", outcome="ok") == 1
+            assert metric_value(text, "jitserve_openvino_bucket_builds_total", model="res", engine="openvino") == 1
+            assert metric_value(text, "jitserve_compiles_total", model="res", tier="openvino") == 0
             assert metric_value(text, "jitserve_compiles_total", model="res", tier="tvm", outcome="ok") == 1
             assert metric_value(text, "jitserve_routing_decisions_total", model="res", engine=fastest) == 1
             # Whatever serves, the bucket holds one engine in the cache besides TVM's kernel: OpenVINO's
@@ -162,7 +165,7 @@ def test_a_precision_contract_lets_a_reduced_precision_compete_within_its_budget
             failure = bucket["openvino"]["openvino-f16-weights"]["failure"]
             assert "within the precision contract's budget" in failure and "beyond atol 1e-07" in failure
             text = client.get("/metrics").text
-            assert metric_value(text, "jitserve_compiles_total", model="tight", tier="openvino-f16-weights",
-                                outcome="verify_failed") == 1  # fmt: skip
+            assert metric_value(text, "jitserve_openvino_bucket_builds_total", model="tight",
+                                engine="openvino-f16-weights", outcome="verify_failed") == 1  # fmt: skip
     finally:
         server.stop()

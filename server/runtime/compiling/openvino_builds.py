@@ -1,16 +1,22 @@
-"""OpenVINO per bucket, beside ONNX Runtime and TVM: built for a bucket as it is routed, verified
-against ONNX Runtime like a TVM kernel, timed by the same measurement, and held in the kernel cache
-(its own copy of the weights counted in the cache's bytes) only while it serves.
+"""OpenVINO beside ONNX Runtime and TVM: the model compiled once per model version and precision, its
+symbolic dims dynamic, and run for each bucket through an infer request of its own. A bucket's engine is
+verified against ONNX Runtime like a TVM kernel, timed by the same measurement, and held in the kernel
+cache only while it serves; the compiled model (its one copy of the weights) lives while some bucket's
+engine holds it, and goes with the last one (a delete, an eviction).
 
 Nothing is stored: a bucket it serves is built again after an eviction or a restart (seconds, where a
-TVM kernel reloads in milliseconds), and verified again before it serves.
+TVM kernel reloads in milliseconds), and verified again before it serves. A compile is counted on its
+own (``jitserve_openvino_compiles_total``), never as a TVM compile, and only where its memory fits.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -18,6 +24,7 @@ from compiler.building.target import target_kind
 from compiler.errors import JitServeError
 from compiler.running.openvino_engine import (
     OpenVinoEngine,
+    OpenVinoModel,
     engine_name,
     openvino_available,
     openvino_version,
@@ -48,13 +55,27 @@ class OpenVinoBuild:
 
 
 class OpenVinoBuilds:
-    def __init__(self, settings: Settings, metrics: Metrics, staging: StagingArea, *, threads: int | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        staging: StagingArea,
+        *,
+        threads: int | None,
+        check_room: Callable[[str, int], None] = lambda what, nbytes: None,
+    ) -> None:
+        """``check_room(what, bytes)`` raises where the server has no room for ``bytes`` more (memory-aware
+        admission): a model compiled by OpenVINO holds about its weights again."""
         self.settings = settings
         self.staging = staging
         self.metrics = metrics
         self.threads = threads
+        self.check_room = check_room
         self.enabled = settings.openvino and openvino_available()
         """OpenVINO is measured on every bucket OpenVINO can take: enabled by the settings, and installed."""
+        # (model version digest, precision) -> its compiled model, while some bucket's engine holds it.
+        self._models: weakref.WeakValueDictionary[tuple[str, str], OpenVinoModel] = weakref.WeakValueDictionary()
+        self._compiling = threading.Lock()  # one compile at a time: a second bucket waits for the first's model
 
     def takes(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """Built for CPU buckets of static shapes (a dynamic bucket's kernel covers a range of sizes)."""
@@ -76,16 +97,42 @@ class OpenVinoBuilds:
         made_of = f"{served.record.digest} {bucket.label} {openvino_version()} {self.threads} {precision} {budget}"
         return KEY_PREFIX + hashlib.sha256(made_of.encode()).hexdigest()
 
+    def model(self, served: ServedModel, precision: str) -> OpenVinoModel:
+        """The version's model compiled by OpenVINO in ``precision``: the one its buckets' engines hold, else
+        compiled now (timed and counted as an OpenVINO compile) where the server has room for it."""
+        with self._compiling:
+            key = (served.record.digest, precision)
+            found = self._models.get(key)
+            if found is not None:
+                return found
+            started = time.perf_counter()
+            try:
+                self.check_room(f"openvino for model {served.name!r}", served.model.weight_bytes)
+                model = OpenVinoModel(
+                    served.model.read_bytes(), threads=self.threads, ir_dir=self.staging.entry("openvino"),
+                    precision=precision,
+                )  # fmt: skip
+            except JitServeError:
+                self.metrics.compiles.record_openvino_compile(
+                    model=served.name, precision=precision, outcome="error", seconds=time.perf_counter() - started
+                )
+                raise
+            seconds = time.perf_counter() - started
+            self.metrics.compiles.record_openvino_compile(
+                model=served.name, precision=precision, outcome="ok", seconds=seconds
+            )
+            log.info("compiled %s for %s in %.1fs (%.0f MiB)", model.name, served.name, seconds, model.nbytes / 2**20)
+            self._models[key] = model
+            return model
+
     def build(self, served: ServedModel, bucket: ServedBucket, precision: str = "f32") -> OpenVinoBuild:
-        """Build and verify OpenVINO in ``precision`` for the bucket (a reduced one within the contract's
-        budget); the build is counted as the compile of its engine's tier (``openvino``, ``openvino-bf16``)."""
+        """OpenVINO in ``precision`` for the bucket (the version's compiled model, an infer request of the
+        bucket's), verified (a reduced precision within the contract's budget)."""
         name = engine_name(precision)
         started = time.perf_counter()
         engine, detail, outcome = self._build(served, bucket, precision)
         seconds = time.perf_counter() - started
-        self.metrics.compiles.record_compile(
-            model=served.name, target="llvm", tier=name, outcome=outcome, seconds=seconds
-        )
+        self.metrics.compiles.record_openvino_build(model=served.name, engine=name, outcome=outcome)
         if engine is None:
             log.warning("%s %s: %s", served.name, bucket.label, detail)
             bucket.openvino = {**(bucket.openvino or {}), name: {"precision": precision, "failure": detail}}
@@ -96,22 +143,18 @@ class OpenVinoBuilds:
             "precision": precision,
             "build_seconds": round(seconds, 2),
             "bytes": engine.nbytes,
+            "model_bytes": engine.model.nbytes,
             "verification": detail,
         }
         bucket.openvino = {**(bucket.openvino or {}), name: facts}
         return OpenVinoBuild(engine, None, seconds)
 
-    def _build(
-        self, served: ServedModel, bucket: ServedBucket, precision: str
-    ) -> tuple[OpenVinoEngine | None, str, str]:
-        """The verified engine (or None), the verification's detail (or why it failed), and the outcome."""
+    def _build(self, served: ServedModel, bucket: ServedBucket, precision: str) -> tuple[OpenVinoEngine | None, str]:
+        """The verified engine (or None), and the verification's detail (or why it failed)."""
         name = engine_name(precision)
         budget = budget_for(name, served.record.config.precision, bool(served.model.integer_ops))
         try:
-            engine = OpenVinoEngine(
-                served.model.read_bytes(), dict(bucket.bucket), served.model.signature.output_names,
-                threads=self.threads, ir_dir=self.staging.entry("openvino"), precision=precision,
-            )  # fmt: skip
+            engine = self.model(served, precision).engine(dict(bucket.bucket), served.model.signature.output_names)
             # Judged as the padding gate and the shadow checks judge it: by the contract's budget where it has one.
             verified, detail = verify_openvino(
                 engine, served.ort, bucket.bucket, served.dtypes, seed=served.options.seed,
@@ -123,3 +166,8 @@ class OpenVinoBuilds:
             against = "onnxruntime within the precision contract's budget" if budget else "onnxruntime"
             return None, f"{name}: verification against {against}: {detail}", "verify_failed"
         return engine, detail, "ok"
+
+    def held_bytes(self, served: ServedModel) -> int:
+        """What the version's compiled models hold (in every precision), while some bucket's engine holds them."""
+        models = list(self._models.items())  # a copy: entries go as their last engine does
+        return sum(model.nbytes for (digest, _), model in models if digest == served.record.digest)

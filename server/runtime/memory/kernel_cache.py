@@ -354,9 +354,13 @@ class Kernels:
 
     def describe_weights(self, served: ServedModel) -> dict | None:
         """The version's weights as its kernels hold them: mapped, and transformed (panels, blocked layouts)
-        once per layout its kernels read; None while no kernel holds them."""
+        once per layout its kernels read; what its models compiled by OpenVINO hold; None while nothing
+        holds them."""
         loaded = self.weights.find(served.model.digest, target_kind(served.target))
-        return loaded.describe() if loaded is not None else None
+        described = loaded.describe() if loaded is not None else {}
+        if self.openvino is not None:
+            described["openvino_bytes"] = self.openvino.held_bytes(served)
+        return described or None
 
     def loaded_keys(self) -> set[str]:
         """The store keys of the kernels held in memory (whichever versions' weights they run with)."""

@@ -43,6 +43,21 @@ class MemoryGuard:
         metrics.memory.set_limit(limit=self.limit)
         metrics.before_scrape(lambda: metrics.memory.set_weights(total=weights_bytes()))
 
+    def check_room(self, what: str, nbytes: int) -> None:
+        """Refuse to build ``what`` (OpenVINO's compiled model) where its ``nbytes`` would take the server past
+        its memory limit."""
+        if not self.limit:
+            return
+        used = sum(process_tree_resident_bytes())
+        if used + nbytes <= self.limit:
+            return
+        self.metrics.memory.record_refusal()
+        mib = 2**20
+        raise InsufficientMemoryError(
+            f"no room for {what}: it needs about {nbytes / mib:.0f} MiB, the server holds {used / mib:.0f} MiB "
+            f"of its {self.limit / mib:.0f} MiB (JITSERVE_MEMORY_BYTES)"
+        )
+
     def check_upload(self, name: str, weight_bytes: int) -> None:
         """Refuse a model whose weights would take the server past its memory limit."""
         if not self.limit:

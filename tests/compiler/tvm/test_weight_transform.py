@@ -16,7 +16,7 @@ from tests import synthetic
 
 pytest.importorskip("tvm")
 
-from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine  # noqa: E402
+from server.runtime.memory.kernel_cache import WeightPool, open_tvm_engine
 
 TARGET = resolve_target("llvm")
 # A decoder whose position embeddings are gathered for the bucket's length (weight-only, so lifted into the

@@ -11,7 +11,7 @@ COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 RECOMPILE_REASONS = ("new_model_version", "artifact_missing", "target_or_compiler_changed")
 ADMISSION_DECISIONS = {
     "admitted": ("warm", "threshold", "restored"),
-    "deferred": ("below_threshold",),
+    "deferred": ("below_threshold", "padding_probe"),
     "refused": ("storm", "cap", "budget", "queue_full"),
     "evicted": ("hotter_bucket",),
 }
@@ -23,9 +23,26 @@ class CompileMetrics:
         counter, gauge, histogram = (partial(kind, registry=registry) for kind in (Counter, Gauge, Histogram))
         self.compiles = counter(
             "jitserve_compiles_total",
-            "Kernel compiles by tier (tvm, tvm-tuned; openvino and its reduced precisions) and outcome "
-            "(ok, verify_failed, error).",
+            "TVM kernel compiles by tier (tvm, tvm-tuned) and outcome (ok, verify_failed, error).",
             ["model", "target", "tier", "outcome"],
+        )
+        self.openvino_compiles = counter(
+            "jitserve_openvino_compiles_total",
+            "OpenVINO compiles of a model version (once per version and precision, for all its buckets), by "
+            "outcome (ok, error).",
+            ["model", "precision", "outcome"],
+        )
+        self.openvino_builds = counter(
+            "jitserve_openvino_bucket_builds_total",
+            "A bucket's OpenVINO engine (an infer request on the version's compiled model) built and verified, "
+            "by engine (openvino, openvino-bf16, ...) and outcome (ok, verify_failed, error).",
+            ["model", "engine", "outcome"],
+        )
+        self.openvino_duration = histogram(
+            "jitserve_openvino_compile_duration_seconds",
+            "Wall time of one OpenVINO compile of a model version.",
+            ["model"],
+            buckets=COMPILE_BUCKETS,
         )
         self.unscheduled = counter(
             "jitserve_unscheduled_kernels_total",
@@ -86,6 +103,13 @@ class CompileMetrics:
         self.unscheduled.labels(model, tier).inc(unscheduled)
         if seconds is not None:
             self.duration.labels(model, target).observe(seconds)
+
+    def record_openvino_compile(self, *, model: str, precision: str, outcome: str, seconds: float) -> None:
+        self.openvino_compiles.labels(model, precision, outcome).inc()
+        self.openvino_duration.labels(model).observe(seconds)
+
+    def record_openvino_build(self, *, model: str, engine: str, outcome: str) -> None:
+        self.openvino_builds.labels(model, engine, outcome).inc()
 
     def record_retry(self, *, model: str, retried: bool = True) -> None:
         """``retried=False`` only shows the model's series (at zero) once it compiles."""
