@@ -80,7 +80,21 @@ class Bucket(BaseModel):
 class AxisDescription(BaseModel):
     policy: dict[str, Any] = Field(description="the configured bucket policy")
     effective_policy: str = Field(description="the policy in force: exact unless padding was found safe")
-    padding_safety: dict[str, Any] | None = Field(description="the padding-safety check's result")
+    padding_safety: dict[str, Any] | None = Field(
+        description="the padding-safety check's result; null until the padding probe has judged the axis"
+    )
+
+
+class PaddingProbeDescription(BaseModel):
+    state: str = Field(
+        description="pending (waiting for a probe slot), running, done (its verdicts in force) or failed (the "
+        "axes it judges are served exactly); until it ends, requests are served by onnxruntime at their exact "
+        "shape and no bucket is compiled"
+    )
+    seconds: float | None = Field(
+        description="the probe's wall time (so far, while it runs); null when none ran in this process"
+    )
+    error: str | None = Field(description="why the probe failed")
 
 
 class BatchingDescription(BaseModel):
@@ -106,6 +120,9 @@ class ModelDescription(BaseModel):
     target: dict[str, Any] = Field(description="the compile target as a TVM target dict")
     signature: dict[str, Any] = Field(description="inputs and outputs with dtypes and dims")
     axes: dict[str, AxisDescription]
+    padding_probe: PaddingProbeDescription = Field(
+        description="the padding-safety check of the axes, which runs after the upload answers"
+    )
     overflow: str
     dynamic_batching: BatchingDescription | None = Field(None, description="null: not configured")
     buckets: list[Bucket]

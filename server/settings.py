@@ -67,8 +67,8 @@ class Settings(CompileSettings):
     bucket dimension); a model with more is refused at upload, naming its count."""
 
     probe_seconds: float = Field(30.0, gt=0)
-    """Time an upload's padding-safety probe may take (two ONNX Runtime runs per symbolic axis): axes not
-    probed by then are served exactly. Probes run outside the lock other uploads wait on."""
+    """Time a model's padding-safety probe may take (two ONNX Runtime runs per symbolic axis): axes not
+    probed by then are served exactly. The probe runs after the upload has answered, in the background."""
 
     max_body_bytes_in_flight: int = Field(128 * 1024 * 1024, ge=0)
     """Bytes of predict and infer bodies held at once (JSON parses to several times its size in memory;

@@ -193,7 +193,7 @@ class _Probe:
 
     def stop_if_cancelled(self) -> None:
         if self.cancelled is not None and self.cancelled.is_set():
-            raise UnavailableError("the server is shutting down: upload not finished")
+            raise UnavailableError("padding probe cancelled: the server is shutting down, or its model was retired")
 
     def runs_at(self, sizes: dict[str, int]) -> str | None:
         """None when the model runs at these axis sizes, else its error (the sizes count as tried)."""
@@ -274,6 +274,25 @@ class _Probe:
         )
 
 
+def policy_verdict(axis: str, policy: AxisPolicy) -> AxisSafety | None:
+    """The verdict an axis's policy gives alone (``exact`` and ``dynamic`` axes are never padded); None for
+    an axis only the probe can judge."""
+    if policy.kind == "exact":
+        return AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
+    if policy.kind == "dynamic":
+        served = f"{policy.min}..{policy.max}" + (f" in steps of {policy.step}" if policy.step > 1 else "")
+        return AxisSafety(
+            axis=axis, safe=False, reason=f"policy is dynamic: never padded; one symbolic kernel serves {served}"
+        )
+    return None
+
+
+def policy_verdicts(signature: Signature, policies: dict[str, AxisPolicy]) -> dict[str, AxisSafety]:
+    """The verdicts of the axes whose policy decides alone: known at once, without running the model."""
+    verdicts = {axis: policy_verdict(axis, policies[axis]) for axis in signature.axes()}
+    return {axis: verdict for axis, verdict in verdicts.items() if verdict is not None}
+
+
 def probe_padding(
     engine: Engine,
     signature: Signature,
@@ -300,20 +319,11 @@ def probe_padding(
     with the sizes tried, the model's error and the config field that fixes it.
 
     The probe is bounded: sizes whose inputs would exceed ``max_input_bytes`` are skipped, axes left when
-    ``seconds`` run out are served exactly, and ``cancelled`` (shutdown) ends it with a 503.
+    ``seconds`` run out are served exactly, and ``cancelled`` (shutdown, or its model deleted or replaced)
+    ends it with :class:`UnavailableError`.
     """
-    results: dict[str, AxisSafety] = {}
-    probed = []
-    for axis in signature.axes():
-        policy = policies[axis]
-        if policy.kind == "exact":
-            results[axis] = AxisSafety(axis=axis, safe=False, reason="policy is exact: never padded")
-        elif policy.kind == "dynamic":
-            served = f"{policy.min}..{policy.max}" + (f" in steps of {policy.step}" if policy.step > 1 else "")
-            reason = f"policy is dynamic: never padded; one symbolic kernel serves {served}"
-            results[axis] = AxisSafety(axis=axis, safe=False, reason=reason)
-        else:
-            probed.append(axis)
+    results = policy_verdicts(signature, policies)
+    probed = [axis for axis in signature.axes() if axis not in results]
     if not probed:
         return results
     probe = _Probe(

@@ -90,6 +90,7 @@ def build_runtime(
         tuning_database_dir=artifacts.tuning_database,
         start_batcher=partial(start_batcher, settings=settings, inference=inference, metrics=metrics),
         memory_guard=memory_guard,
+        metrics=metrics,
     )
     json_parsers = JsonParsers(settings.json_parse_processes)
     body_budget = BodyBudget(settings.max_body_bytes_in_flight, settings.body_wait_seconds)

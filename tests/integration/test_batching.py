@@ -39,7 +39,7 @@ def test_joined_requests_run_once_on_the_kernel_and_equal_separate_runs(tmp_path
         with server.client() as client:
             response = upload(client, "relu", synthetic.relu_model(["batch", "seq"]), config)
             assert response.status_code == 201, response.text
-            assert response.json()["dynamic_batching"] == {
+            assert client.get("/models/relu").json()["dynamic_batching"] == {  # the probe found batch safe
                 "enabled": True,
                 "reason": "requests are joined along axis 'batch'",
                 "max_batch_size": 8,
@@ -112,7 +112,7 @@ def test_an_upload_says_why_a_model_cannot_batch(server):
     with server.client() as client:
         response = upload(client, "mix", synthetic.batch_mix_model(), batching)
         assert response.status_code == 201, response.text
-        described = response.json()["dynamic_batching"]
+        described = client.get("/models/mix").json()["dynamic_batching"]  # the probe's verdict, after it
         assert described["enabled"] is False
         assert described["reason"].startswith("axis 'batch' is not verified padding-safe: padding changes the outputs")
         x = [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 1.0]]

@@ -13,7 +13,7 @@ import pytest
 from compiler.running.engines import OrtEngine
 from tests.compiler.test_cuda_device import _cuda_present
 from tests.integration.serverproc import ServerProcess
-from tests.integration.test_serving import settled_bucket
+from tests.integration.test_serving import probed, settled_bucket
 from tests.realmodels import CLS, rapidocr_model
 
 pytestmark = [
@@ -34,6 +34,7 @@ def test_cuda_server_uploads_verifies_routes_and_batches(tmp_path):
         with server.client() as client:
             response = client.put("/models/cls", files={"model": ("cls.onnx", data), "config": (None, config)})
             assert response.status_code == 201, response.text
+            probed(client, "cls")  # warm buckets and batching wait for the padding probe's verdicts
             image = np.random.default_rng(3).random((1, 3, 48, 192)).astype(np.float32)
             reference = OrtEngine(data)  # the CPU provider: fp32, whatever the server runs
             want = reference.run({"x": image})

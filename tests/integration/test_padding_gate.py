@@ -12,7 +12,7 @@ from compiler.running.engines import OrtEngine
 from compiler.shapes.padding import PROBE_VERSION
 from tests import synthetic
 from tests.integration.serverproc import ServerProcess, metric_value
-from tests.integration.test_serving import predict, settled_bucket, upload
+from tests.integration.test_serving import predict, probed, settled_bucket, upload
 
 # W <= 100 leaves x alone, past it the mean over W is added: a probe at the config's small size (20 -> 32,
 # confirmed at 60 -> 64) finds padding harmless; a request of 65-100 padded to 128 is not.
@@ -28,7 +28,8 @@ def test_a_kernel_wrong_on_padded_requests_is_never_routed_and_the_axis_is_revis
         with server.client() as client:
             created = upload(client, "mix", MODEL, {"probe_sizes": {"W": 20}})
             assert created.status_code == 201, created.text
-            assert created.json()["axes"]["W"]["padding_safety"]["safe"] is True  # the probe was fooled
+            axis = client.get("/models/mix").json()["axes"]["W"]
+            assert axis["padding_safety"]["safe"] is True  # the probe was fooled
             first = predict(client, "mix", short)
             assert first["bucket"] == "x=1x8x128" and first["engine"] == "onnxruntime"
 
@@ -81,7 +82,7 @@ def test_verdicts_stored_by_an_older_probe_are_made_again_at_start(tmp_path):
 
         server.start()
         with server.client() as client:
-            axes = client.get("/models/conv").json()["axes"]
+            axes = probed(client, "conv")["axes"]  # probed again in the background; served exactly meanwhile
             assert not axes["W"]["padding_safety"]["safe"] and axes["W"]["effective_policy"] == "dynamic"
         again = json.loads(path.read_text())
         assert again["probe_version"] == PROBE_VERSION and not again["safety"]["H"]["safe"]

@@ -21,7 +21,8 @@ def test_a_scalar_input_model_uploads_and_serves_under_defaults(tmp_path):
     server = ServerProcess(tmp_path / "data", routing="compiled").start()
     try:
         with server.client() as client:
-            described = upload(client, "vad", AUDIO).json()
+            assert upload(client, "vad", AUDIO).status_code == 201
+            described = client.get("/models/vad").json()
             safety = {axis: entry["padding_safety"] for axis, entry in described["axes"].items()}
             assert safety["batch"]["safe"], safety
             # Refused at the default size 32 (reflect pad of 64): probed at a size the model accepts.

@@ -9,7 +9,7 @@ import pytest
 
 from compiler.running.engines import OrtEngine
 from tests.integration.serverproc import ServerProcess
-from tests.integration.test_serving import settled_bucket
+from tests.integration.test_serving import probed, settled_bucket
 from tests.realmodels import DETECTOR, MAGIKA, VAD, real_model
 
 
@@ -37,6 +37,7 @@ def test_silero_vad_with_its_scalar_sample_rate(server):
     inputs = {"input": rng.standard_normal((1, 512)).astype(np.float32), "state": np.zeros((2, 1, 128), np.float32)}
     with server.client() as client:
         assert client.put("/models/vad", content=data).status_code == 201
+        probed(client, "vad")  # its buckets compile once the padding probe's verdicts are in
         first = serves_like_onnxruntime(client, "vad", data, inputs | {"sr": 16000}, rtol=1e-5, atol=1e-6)
         assert first["engine"] == "onnxruntime"
         bucket = settled_bucket(client, "vad", timeout=300)
@@ -56,7 +57,8 @@ def test_magika_bytes_classifier(server):
     raw = np.frombuffer(b"#!/usr/bin/env python3\nprint('hello')\n" * 60, dtype=np.uint8)[:2048]
     inputs = {"bytes": np.stack([raw.astype(np.int32)] * 3)}
     with server.client() as client:
-        described = client.put("/models/magika", content=data).json()
+        assert client.put("/models/magika", content=data).status_code == 201
+        described = probed(client, "magika")
         assert described["axes"]["unk__214"]["effective_policy"] == "pow2"  # batch padding checked safe
         serves_like_onnxruntime(client, "magika", data, inputs, rtol=1e-4, atol=1e-5)
         bucket = settled_bucket(client, "magika", timeout=300)
@@ -74,6 +76,7 @@ def test_yolov8n_detector(server):
     with server.client() as client:
         response = client.put("/models/detector", files={"model": ("320n.onnx", data), "config": (None, config)})
         assert response.status_code == 201, response.text
+        probed(client, "detector")
         serves_like_onnxruntime(client, "detector", data, {"images": image}, rtol=1e-3, atol=1e-3)
         bucket = settled_bucket(client, "detector", timeout=300)
         assert bucket["state"] == "ready", bucket

@@ -22,11 +22,29 @@ CLS_CONFIG = {
 }
 
 
-def upload(client, name: str, data: bytes, config: dict | None = None, **params):
+def upload(client, name: str, data: bytes, config: dict | None = None, *, wait_probe: bool = True, **params):
+    """PUT the model; once it is served, wait for its padding probe (which runs after the upload answers)
+    unless ``wait_probe`` is False. The answer is the upload's own, from before the probe's verdicts."""
     files = {"model": ("model.onnx", data, "application/octet-stream")}
     if config is not None:
         files["config"] = ("config.json", json.dumps(config), "application/json")
-    return client.put(f"/models/{name}", files=files, params=params)
+    response = client.put(f"/models/{name}", files=files, params=params)
+    if wait_probe and response.status_code in (200, 201):
+        probed(client, name)
+    return response
+
+
+def probed(client, model: str, timeout: float = 180) -> dict:
+    """The model's description once its padding probe is done: its verdicts, warm buckets and batching in
+    force."""
+
+    def ended():
+        described = client.get(f"/models/{model}").json()
+        return described if described["padding_probe"]["state"] not in ("pending", "running") else None
+
+    described = wait_until(ended, timeout=timeout, what=f"{model}'s padding probe")
+    assert described["padding_probe"]["state"] == "done", described["padding_probe"]
+    return described
 
 
 def bucket_state(client, model: str, label: str) -> str | None:
@@ -79,7 +97,7 @@ def test_cls_buckets_jit_metrics_and_restart(tmp_path):
         with server.client() as client:
             created = upload(client, "cls", data, CLS_CONFIG)
             assert created.status_code == 201, created.text
-            axes = created.json()["axes"]
+            axes = client.get("/models/cls").json()["axes"]
             assert axes["x:0"]["padding_safety"]["safe"] is True
             assert axes["x:0"]["effective_policy"] == "pow2"
             assert axes["x:3"]["padding_safety"]["safe"] is False  # global pooling sees the padding

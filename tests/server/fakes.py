@@ -149,5 +149,22 @@ def make_service(data_dir: Path, compiler: FakeCompiler, kernels: FakeKernels, *
 
 
 def admit(service: ModelService, name: str, data: bytes, config: dict | None = None, **kwargs):
-    """Register and return the served model itself (tests then swap its engines)."""
-    return service.admission.register(name, lambda: load_model(data, max_bytes=len(data)), config, **kwargs)
+    """Register and return the served model itself (tests then swap its engines) once its padding probe,
+    which runs after the upload answers, has put its verdicts in force."""
+    served = service.admission.register(name, lambda: load_model(data, max_bytes=len(data)), config, **kwargs)
+    probed(service, name)
+    return served
+
+
+def register(service: ModelService, name: str, data: bytes, config: dict | None = None, **kwargs) -> dict:
+    """``service.register``, then wait for the model's padding probe: its verdicts, warm buckets in force."""
+    described = service.register(name, data, config, **kwargs)
+    probed(service, name)
+    return described
+
+
+def probed(service: ModelService, name: str, timeout: float = 60) -> None:
+    """Wait until the served model's padding probe is done."""
+    probe = service.get(name).padding_probe
+    assert probe.wait(timeout), f"{name}'s padding probe did not end within {timeout} s"
+    assert probe.state == "done", (probe.state, probe.error)

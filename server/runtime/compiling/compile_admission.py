@@ -4,6 +4,8 @@ Every request to a ``cold`` bucket (ONNX Runtime serves it) asks
 :meth:`CompileAdmission.consider`, which admits the bucket to the compile
 queue, or says why not:
 
+- ``padding_probe``: the model's padding probe has not ended: its requests are
+  planned without padding, into buckets its verdicts may soon replace;
 - ``below_threshold``: fewer than ``compile_min_hits`` hits within the window;
 - ``storm``: the model saw more than ``storm_new_buckets`` new shapes (new
   buckets, or new sizes of a symbolic bucket) within the window: new shapes
@@ -50,6 +52,8 @@ SETTLE_SECONDS = 2.0
 """A dynamic bucket's compile waits this long after its first request: a width storm shows by then
 (more than ``storm_new_buckets`` new sizes) and holds the compile until it passes."""
 
+WAITING_FOR_VERDICTS = "cold: waiting for the padding probe's verdicts"
+"""A cold bucket's reason while its model's padding probe runs."""
 HOLDS_A_SLOT = (BucketState.ADMITTED, BucketState.COMPILING, BucketState.READY)
 EVICTION_MARGIN = 2.0
 """A bucket evicts the coldest compiled one only when this many times hotter: no thrashing between equals."""
@@ -124,6 +128,10 @@ class CompileAdmission:
     def consider(self, served: ServedModel, bucket: ServedBucket) -> None:
         """A request to a cold bucket: admit it to the compile queue, restore its route, or say why not."""
         if not self.scheduler.enabled or served.retired:
+            return
+        if not served.padding_probe.settled:
+            bucket.note(WAITING_FOR_VERDICTS)
+            self.metrics.compiles.record_admission(model=served.name, decision="deferred", reason="padding_probe")
             return
         now = time.monotonic()
         with self._lock:

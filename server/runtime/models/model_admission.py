@@ -1,6 +1,7 @@
-"""Upload -> served model: validate the bytes and the config, check which
-axes padding may change, build the served model, store it, queue its warm
-buckets. Also brings back the stored models at start."""
+"""Upload -> served model: validate the bytes and the config, build the
+served model, store it, serve it through ONNX Runtime; then, in the
+background, check which axes padding may change and queue its warm buckets
+(:mod:`.padding_probes`). Also brings back the stored models at start."""
 
 from __future__ import annotations
 
@@ -11,31 +12,34 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from compiler.building.build import bucket_key
-from compiler.building.options import CompileOptions
-from compiler.building.target import resolve_target
-from compiler.errors import (
-    BadRequestError,
-    ConflictError,
-    InvalidModelError,
-    JitServeError,
-    NotFoundError,
-    UnavailableError,
-)
-from compiler.models.memory import check_model_fits, check_sizes_fit
+from compiler.errors import BadRequestError, ConflictError, JitServeError, NotFoundError, UnavailableError
+from compiler.models.memory import check_sizes_fit
 from compiler.models.model import LoadedModel, load_model
 from compiler.running.engines import OrtEngine
 from compiler.shapes.buckets import AxisSafety, BucketPlanner
-from compiler.shapes.padding import PROBE_VERSION, default_probe_sizes, probe_padding
+from compiler.shapes.padding import PROBE_VERSION, policy_verdicts
 
 from ...settings import Settings
+from ..compiling.compile_admission import WAITING_FOR_VERDICTS
 from ..compiling.scheduler import CompileScheduler
 from ..memory.memory_guard import MemoryGuard
+from ..observability.metrics import Metrics
 from ..serving.batcher import DynamicBatcher, DynamicBatching, find_batch_axis
-from .records import ModelConfig, ModelRecord, ModelStore, check_model_name
-from .registry import Registry, ServedModel
+from .model_checks import (
+    assumed_padding_safe,
+    check_served_sizes,
+    check_warm_sizes,
+    compile_options,
+    model_target,
+    open_onnxruntime,
+    parse_config,
+    warm_buckets,
+    warm_sizes,
+)
+from .padding_probes import PaddingProbes
+from .records import UNPROBED, ModelRecord, ModelStore, check_model_name
+from .registry import PaddingProbe, Registry, ServedModel
 
 log = logging.getLogger("jitserve")
 
@@ -54,6 +58,7 @@ class ModelAdmission:
         tuning_database_dir: Path,
         start_batcher: BatcherFactory,
         memory_guard: MemoryGuard,
+        metrics: Metrics,
     ) -> None:
         """``start_batcher`` gives a model with a usable batch axis its dynamic batcher; ``memory_guard``
         refuses uploads that would not fit in memory."""
@@ -67,7 +72,7 @@ class ModelAdmission:
         self.memory_guard = memory_guard
         # One upload or delete at a time: versions and the store stay consistent.
         self._lock = threading.Lock()
-        self.closing = threading.Event()
+        self.probes = PaddingProbes(settings, metrics, tuning_database_dir, settle=self._settle_probe)
 
     def restore_stored(self) -> tuple[int, int]:
         """Serve every stored model again (its current version) and queue its warm buckets. Returns
@@ -87,26 +92,36 @@ class ModelAdmission:
         one that does not is skipped (logged) rather than the server killed for memory later."""
         model = load_model(data, max_bytes=len(data))
         self.memory_guard.check_upload(record.name, model.weight_bytes)
-        ort = None
         if record.probe_version < PROBE_VERSION:
-            ort = self._ort(model, self._target(record.config))
-            record = self._probe_again(record, model, ort)
-        served = self.build_served(record, model, ort)
+            record = self._forget_verdicts(record, model)
+        served = self.build_served(record, model)
         del data, model
         served.model = served.model.stored_at(self.models.model_path(record))
         self.registry.put(served)
-        self.scheduler.enqueue_warm(served)
+        self._after_put(served)
         return served
 
-    def _probe_again(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine) -> ModelRecord:
-        """A model stored with verdicts of an older padding probe gets new ones, and its buckets' routes
-        are forgotten: each is timed and gated again once its kernel (kept in the store) is loaded."""
-        safety = self._check_padding(model, ort, record.config)
-        buckets = {label: known.model_copy(update={"route": None}) for label, known in record.buckets.items()}
-        record = record.model_copy(update={"safety": safety, "probe_version": PROBE_VERSION, "buckets": buckets})
-        self.models.update_fields(record, "safety", "probe_version", "buckets")
-        log.info("model %s v%d: padding verdicts made again (probe %d)", record.name, record.version, PROBE_VERSION)
+    def _forget_verdicts(self, record: ModelRecord, model: LoadedModel) -> ModelRecord:
+        """A version stored before its padding probe ended, or with the verdicts of an older probe: served
+        exactly until the probe (in the background) judges its axes again. Routes measured under older
+        verdicts are forgotten: each bucket is timed and gated again once its kernel (kept in the store)
+        is loaded."""
+        policies = {axis: record.config.policy_for(axis) for axis in model.signature.axes()}
+        record = record.model_copy(update={"safety": policy_verdicts(model.signature, policies)})
+        if record.probe_version != UNPROBED:
+            old = record.probe_version
+            log.info("model %s v%d: its padding verdicts (probe %d) are made again", record.name, record.version, old)
+            buckets = {label: known.model_copy(update={"route": None}) for label, known in record.buckets.items()}
+            record = record.model_copy(update={"buckets": buckets})
+            self.models.update_fields(record, "buckets")
         return record
+
+    def _after_put(self, served: ServedModel) -> None:
+        """A version just served: its warm buckets queued, or its padding probe started (which queues them)."""
+        if served.padding_probe.settled:
+            self.scheduler.enqueue_warm(served)
+        else:
+            self.probes.start(served)
 
     def load_stored(self, name: str) -> ServedModel:
         """Serve a stored model again (a no-op for one being served): the repository extension's load."""
@@ -127,16 +142,24 @@ class ModelAdmission:
     def register(
         self, name: str, load: Callable[[], LoadedModel], config: dict | None = None, *, replace: bool = False
     ) -> ServedModel:
-        """Serve the model ``load`` reads and validates. Loading, validation and the padding probe run
-        outside the lock (a slow probe holds up no other upload); versions are taken under it."""
+        """Serve the model ``load`` reads and validates, through ONNX Runtime at once; its padding probe
+        runs after this returns (:mod:`.padding_probes`). Loading and validation run outside the lock;
+        versions are taken under it."""
         check_model_name(name)
         self._previous(name, replace)  # a taken name is refused before the expensive work
         model = load()
         self.memory_guard.check_upload(name, model.weight_bytes)  # before ONNX Runtime takes its copies
         check_served_sizes(model, self.settings)
         parsed = parse_config(model, config)
-        ort = self._ort(model, self._target(parsed))
-        safety = self._check_padding(model, ort, parsed)
+        check_sizes_fit(model.signature, parsed.probe_sizes, self.settings.max_tensor_bytes, "probe_sizes")
+        policies = {axis: parsed.policy_for(axis) for axis in model.signature.axes()}
+        safety = policy_verdicts(model.signature, policies)  # the rest are the probe's, after the answer
+        try:
+            warm = warm_buckets(model, parsed, assumed_padding_safe(model, parsed, policies, safety))
+        except BadRequestError as exc:
+            raise BadRequestError(f"config warm_buckets: {exc}") from None
+        check_warm_sizes(model, policies, warm, self.settings.max_tensor_bytes)
+        ort = open_onnxruntime(self.settings, model, model_target(self.settings, parsed, self.kernel_threads))
         with self._lock, self.models.locked():
             previous = self._previous(name, replace)
             stored = self.models.latest_version(name)
@@ -146,17 +169,12 @@ class ModelAdmission:
                 digest=model.digest,
                 config=parsed,
                 safety=safety,
-                probe_version=PROBE_VERSION,
+                probe_version=PROBE_VERSION if len(safety) == len(policies) else UNPROBED,
                 created_at=time.time(),
                 buckets=dict(previous.record.buckets) if previous else {},
             )
+            served = self.build_served(record, model, ort)
             try:
-                served = self.build_served(record, model, ort)
-            except BadRequestError as exc:
-                raise BadRequestError(f"config warm_buckets: {exc}") from None
-            try:
-                check_warm_sizes(served, self.settings.max_tensor_bytes)
-                warm = [bucket for bucket in served.all_buckets() if bucket.warm]
                 free = self.scheduler.free_slots
                 if self.scheduler.enabled and len(warm) > free:
                     raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
@@ -167,7 +185,7 @@ class ModelAdmission:
             # Stored: the served model lets go of the proto and bytes (a compile child reads the file).
             served.model = served.model.stored_at(self.models.model_path(record))
             self.registry.put(served)
-            self.scheduler.enqueue_warm(served)
+            self._after_put(served)
             return served
 
     def follow_store(self, name: str) -> str | None:
@@ -194,8 +212,8 @@ class ModelAdmission:
             return "new_version" if served is not None else "new_model"
 
     def close(self) -> None:
-        """Shutdown: a probe in progress ends (its upload answers 503)."""
-        self.closing.set()
+        """Shutdown: padding probes in progress end (their models are probed again at the next start)."""
+        self.probes.close()
 
     def _previous(self, name: str, replace: bool) -> ServedModel | None:
         previous = self.registry.find(name)  # a name stored by another replica is taken too
@@ -213,162 +231,65 @@ class ModelAdmission:
             self.models.delete(name)
 
     def build_served(self, record: ModelRecord, model: LoadedModel, ort: OrtEngine | None = None) -> ServedModel:
+        """The served version of a record. With a verdict for every axis its warm buckets and batching are
+        set up now; otherwise its padding probe is pending, and they wait for its verdicts."""
         config = record.config
-        target = self._target(config)
+        target = model_target(self.settings, config, self.kernel_threads)
         options = compile_options(self.settings, config, self.tuning_database_dir)
         policies = {axis: config.policy_for(axis) for axis in model.signature.axes()}
-        planner = BucketPlanner(model.signature, policies, record.safety, config.overflow, _warm_sizes(model, config))
+        planner = BucketPlanner(model.signature, policies, record.safety, config.overflow, warm_sizes(model, config))
         served = ServedModel(
             record,
             model,
             planner,
-            ort or self._ort(model, target),
+            ort or open_onnxruntime(self.settings, model, target),
             target,
             options,
             # Bound to the digest, not the model: a closure over the model would keep its proto and bytes.
             key_of=partial(bucket_key, model.graph_digest, target=target, options=options),
+            padding_probe=PaddingProbe(pending=not set(policies) <= set(record.safety)),
         )
-        for shapes in config.warm_buckets:
-            plan = planner.plan(model.signature.with_static_inputs({k: tuple(v) for k, v in shapes.items()}))
-            served.bucket_for(plan.bucket).warm = True
-        if config.dynamic_batching is not None:
-            axis, served.batching = find_batch_axis(model.signature, record.safety)
-            if axis is None:
-                log.warning("model %s: dynamic batching is off: %s", record.name, served.batching)
-            else:
-                preferred = config.dynamic_batching.preferred(planner.effective_policy(axis))
-                served.batcher = self.start_batcher(served, config.dynamic_batching, preferred)
+        if served.padding_probe.settled:
+            self._put_verdicts_in_force(served)
+        elif config.dynamic_batching is not None:
+            served.batching = "off until the padding probe has judged the batch axis"
         return served
 
-    # -- parts of an upload ----------------------------------------------
+    def _put_verdicts_in_force(self, served: ServedModel) -> None:
+        """What the model's verdicts decide: which buckets the warm shapes fall in, and whether requests
+        are joined along its batch axis."""
+        config, signature = served.record.config, served.model.signature
+        for bucket in warm_buckets(served.model, config, served.planner):
+            served.bucket_for(bucket).warm = True
+        if config.dynamic_batching is None:
+            return
+        axis, why = find_batch_axis(signature, served.record.safety)
+        if axis is None:
+            served.batching = why
+            log.warning("model %s: dynamic batching is off: %s", served.name, why)
+            return
+        preferred = config.dynamic_batching.preferred(served.planner.effective_policy(axis))
+        with served.lock:  # a version retired meanwhile gets no batcher (retire closes it under the lock)
+            if not served.retired:
+                served.batching = why
+                served.batcher = self.start_batcher(served, config.dynamic_batching, preferred)
 
-    def _target(self, config: ModelConfig) -> dict:
-        try:
-            return resolve_target(
-                config.target or self.settings.target, cuda_arch=self.settings.cuda_arch, num_cores=self.kernel_threads
-            )
-        except ValueError as exc:
-            raise BadRequestError(f"config: {exc}") from None
+    # -- the padding probe, in the background ------------------------------
 
-    def _ort(self, model: LoadedModel, target: dict) -> OrtEngine:
-        try:
-            return OrtEngine(
-                model.data,
-                cuda=target["kind"] == "cuda",
-                threads=self.settings.ort_threads or self.settings.kernel_threads or None,
-                spinning=self.settings.ort_spinning,
-            )
-        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
-            raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
-
-    def _check_padding(self, model: LoadedModel, ort: OrtEngine, config: ModelConfig) -> dict[str, AxisSafety]:
-        options = compile_options(self.settings, config, self.tuning_database_dir)
-        check_sizes_fit(model.signature, config.probe_sizes, self.settings.max_tensor_bytes, "probe_sizes")
-        return probe_padding(
-            ort,
-            model.signature,
-            {axis: config.policy_for(axis) for axis in model.signature.axes()},
-            _probe_sizes(model.signature, config),
-            configured=set(config.probe_sizes),
-            pad_values=config.pad_values,
-            rtol=options.rtol,
-            atol=options.atol,
-            seed=options.seed,
-            index_limits=model.index_bounds.limits,
-            max_input_bytes=self.settings.max_tensor_bytes,
-            seconds=self.settings.probe_seconds,
-            cancelled=self.closing,
-        )
-
-
-def compile_options(settings: Settings, config: ModelConfig, database_dir: Path) -> CompileOptions:
-    """How the model's kernels are compiled and verified: the config's tolerances over the settings'."""
-    return CompileOptions(
-        rtol=config.rtol or settings.verify_rtol,
-        atol=config.atol or settings.verify_atol,
-        seed=settings.verify_seed,
-        timeout_seconds=settings.compile_timeout_seconds,
-        memory_limit_bytes=settings.compile_memory_bytes,
-        database_dir=str(database_dir),
-        nice=settings.compile_nice,
-        idle_priority=settings.compile_idle_priority,
-        explain=settings.explain_bundles,
-    )
-
-
-def check_served_sizes(model: LoadedModel, settings: Settings) -> None:
-    """A model whose tensors or count of symbolic axes are past the settings' limits is refused at once."""
-    check_model_fits(model.proto, model.signature, settings.max_tensor_bytes)
-    axes, limit = len(model.signature.axes()), settings.max_symbolic_axes
-    if axes > limit:
-        raise BadRequestError(f"the model has {axes} symbolic axes; at most {limit} are served (max_symbolic_axes)")
-
-
-def parse_config(model: LoadedModel, config: dict | None) -> ModelConfig:
-    """The upload's config, checked against the model's axes and inputs."""
-    try:
-        parsed = ModelConfig.model_validate(config or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise BadRequestError(f"invalid config at {where or 'top level'}: {first['msg']}") from None
-    axes = model.signature.axes()
-    for axis in parsed.axes:
-        if axis not in axes:
-            raise BadRequestError(f"config names axis {axis!r}; the model's symbolic axes are {sorted(axes)}")
-    for axis in parsed.probe_sizes:
-        if axis not in axes:
-            raise BadRequestError(f"config probe_sizes names axis {axis!r}; the model's axes are {sorted(axes)}")
-    for name in parsed.pad_values:
-        if name not in model.signature.input_names:
-            raise BadRequestError(f"config pad_values names unknown input {name!r}")
-    batching, axis = parsed.dynamic_batching, model.signature.leading_axis()
-    if batching is not None and axis is not None:
-        largest = parsed.policy_for(axis).largest
-        if largest is not None and batching.max_batch_size > largest:
-            raise BadRequestError(
-                f"config dynamic_batching.max_batch_size {batching.max_batch_size} is beyond "
-                f"the largest bucket of axis {axis!r} ({largest})"
-            )
-    return parsed
-
-
-def check_warm_sizes(served: ServedModel, limit: int) -> None:
-    """Warm buckets are compiled and verified at their bucket shapes; dynamic axes at their range's end."""
-    signature = served.model.signature
-    for bucket in served.all_buckets():
-        sizes = {
-            axis: dim
-            for spec in signature.inputs
-            for index, axis in spec.symbolic_axes()
-            if isinstance(dim := bucket.bucket[spec.name][index], int)
-        }
-        check_sizes_fit(signature, sizes, limit, f"warm bucket {bucket.label}")
-    for axis, policy in served.planner.policies.items():
-        if policy.kind == "dynamic":
-            check_sizes_fit(signature, {axis: policy.max}, limit, f"axes.{axis} dynamic max")
-
-
-def _warm_sizes(model: LoadedModel, config: ModelConfig) -> dict[str, set[int]]:
-    """Axis -> the sizes the warm buckets give it."""
-    sizes: dict[str, set[int]] = {}
-    for shapes in config.warm_buckets:
-        for spec in model.signature.inputs:
-            shape = shapes.get(spec.name, [])
-            for index, axis in spec.symbolic_axes():
-                if index < len(shape):
-                    sizes.setdefault(axis, set()).add(int(shape[index]))
-    return sizes
-
-
-def _probe_sizes(signature, config: ModelConfig) -> dict[str, int]:
-    """Starting sizes for every symbolic axis: the config's, else the first warm bucket's, else defaults."""
-    known: dict[str, int] = {}
-    if config.warm_buckets:
-        for spec in signature.inputs:
-            shape = config.warm_buckets[0].get(spec.name, [])
-            for index, axis in spec.symbolic_axes():
-                if index < len(shape) and shape[index] >= 1:
-                    known[axis] = shape[index]
-    known.update(config.probe_sizes)
-    return default_probe_sizes(signature, known)
+    def _settle_probe(self, served: ServedModel, verdicts: dict[str, AxisSafety], probed: bool) -> bool:
+        """Put a probe's verdicts in force and queue the warm buckets they plan; store them when ``probed``
+        (a failed probe's stay in memory: the next start probes again). False, changing nothing, when the
+        version was deleted, replaced or unloaded meanwhile: a newer version's record is never touched."""
+        with self._lock:
+            if served.retired or self.registry.find(served.name) is not served:
+                return False
+            record = served.settle_safety(verdicts, PROBE_VERSION if probed else served.record.probe_version)
+            self._put_verdicts_in_force(served)
+            if probed:
+                self.models.update_fields(record, "safety", "probe_version")
+            for bucket in served.all_buckets():
+                if bucket.reason == WAITING_FOR_VERDICTS:  # planned without them: it may see no request again
+                    bucket.note("cold: planned before the padding probe's verdicts")
+                if bucket.warm and not self.scheduler.enqueue(served, bucket):
+                    log.warning("model %s: warm bucket %s not queued (compile queue full)", served.name, bucket.label)
+            return True

@@ -127,9 +127,14 @@ class ModelRecord(BaseModel):
     safety: dict[str, AxisSafety]
     probe_version: int = 1
     """The padding probe that made ``safety`` (``compiler.shapes.padding.PROBE_VERSION``); records from before it
-    was kept made theirs with version 1."""
+    was kept made theirs with version 1. ``UNPROBED`` while the probe, which runs after the upload answers, has
+    not ended (``safety`` then holds only the verdicts the policies give alone)."""
     created_at: float
     buckets: dict[str, BucketRecord] = Field(default_factory=dict)
+
+
+UNPROBED = 0
+"""``ModelRecord.probe_version`` of a record whose padding probe has not ended: probed again at the next start."""
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -269,6 +274,8 @@ class ModelStore:
                 stored = ModelRecord.model_validate_json((directory / RECORD_FILE).read_text())
             except (OSError, ValueError):
                 return  # replaced or deleted meanwhile: the record goes with its version
+            if stored.digest != record.digest:
+                return  # deleted, and another model uploaded under the same number
             change(stored)
             _write_atomic(directory / RECORD_FILE, stored.model_dump_json(indent=2))
 

@@ -8,6 +8,7 @@ compiles and tuning stop touching the store.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,54 @@ from compiler.shapes.buckets import AxisSafety, Bucket, BucketPlanner, bucket_la
 from ..serving.batcher import DynamicBatcher
 from .records import ModelRecord
 from .state import BucketState, ServedBucket
+
+
+class PaddingProbe:
+    """Where a model version's padding probe is: ``pending`` (waiting for a probe slot), ``running``,
+    ``done`` (its verdicts in force), ``failed`` (its axes served exactly; ``error`` says why) or
+    ``cancelled`` (the version was deleted, replaced or unloaded, or the server shut down). A version with
+    no axis to probe, or with the verdicts of the current probe stored, is ``done`` from the start."""
+
+    def __init__(self, *, pending: bool = False) -> None:
+        self.state = "pending" if pending else "done"
+        self.error: str | None = None
+        self.cancelled = threading.Event()
+        """Set when the version is retired or the server shuts down: the probe stops before its next run."""
+        self._started: float | None = None
+        self._seconds: float | None = None
+        self._settled = threading.Event()
+        if not pending:
+            self._settled.set()
+
+    @property
+    def settled(self) -> bool:
+        """Ended one way or another: the model's verdicts, if it is still served, are in force."""
+        return self._settled.is_set()
+
+    def begin(self) -> None:
+        self._started = time.monotonic()
+        self.state = "running"
+
+    def end(self, state: str, error: str | None = None) -> None:
+        if self._started is not None:
+            self._seconds = time.monotonic() - self._started
+        self.state, self.error = state, error
+        self._settled.set()
+
+    @property
+    def seconds(self) -> float | None:
+        """The probe's wall time (so far, while it runs); None when none ran in this process."""
+        if self.state == "running" and self._started is not None:
+            return time.monotonic() - self._started
+        return self._seconds
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the probe has ended; False when ``timeout`` passed first."""
+        return self._settled.wait(timeout)
+
+    def describe(self) -> dict:
+        seconds = self.seconds
+        return {"state": self.state, "seconds": None if seconds is None else round(seconds, 3), "error": self.error}
 
 
 @dataclass
@@ -46,12 +95,18 @@ class ServedModel:
     new_buckets: deque[float] = field(default_factory=deque)
     """When each bucket first seen lately was seen (compile admission's storm watch)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    padding_probe: PaddingProbe = field(default_factory=PaddingProbe)
+    """Until it has ended, the axes it judges have no verdict: they are served exactly (nothing padded)."""
 
     def retire(self) -> None:
-        """Replaced or unloaded: compiles and tuning stop touching the store, queued batches still run."""
-        self.retired = True
-        if self.batcher is not None:
-            self.batcher.close()
+        """Replaced or unloaded: compiles and tuning stop touching the store, queued batches still run, a
+        padding probe still running stops."""
+        with self.lock:  # a batcher started by a probe's verdicts meanwhile is closed too
+            self.retired = True
+            batcher = self.batcher
+        self.padding_probe.cancelled.set()
+        if batcher is not None:
+            batcher.close()
 
     @property
     def name(self) -> str:
@@ -90,6 +145,15 @@ class ServedModel:
                 )
             return served
 
+    def settle_safety(self, verdicts: dict[str, AxisSafety], probe_version: int) -> ModelRecord:
+        """The padding probe's verdicts in force: requests planned from now on are padded on the axes found
+        safe. Returns the record that holds them."""
+        with self.lock:
+            safety = {**self.record.safety, **verdicts}
+            self.record = self.record.model_copy(update={"safety": safety, "probe_version": probe_version})
+            self.planner.safety = safety
+            return self.record
+
     def revise_safety(self, verdicts: dict[str, AxisSafety]) -> None:
         """Axes found unsafe after upload: every request planned from now on is bucketed without padding
         them (buckets planned before keep their kernels, and see no more requests), and requests are no
@@ -111,7 +175,10 @@ class ServedModel:
             return list(self.buckets.values())
 
     def waiting_warm_buckets(self) -> list[str]:
-        """Warm buckets neither ready nor failed for good yet (a retry pending), as ``model:bucket``."""
+        """Warm buckets neither ready nor failed for good yet (a retry pending), as ``model:bucket``; while
+        the padding probe runs, which buckets are warm is not known yet: ``model:padding-probe``."""
+        if self.record.config.warm_buckets and not self.padding_probe.settled:
+            return [f"{self.name}:padding-probe"]
         return [
             f"{self.name}:{b.label}"
             for b in self.all_buckets()
@@ -134,6 +201,7 @@ class ServedModel:
                 }
                 for axis in signature.axes()
             },
+            "padding_probe": self.padding_probe.describe(),
             "overflow": record.config.overflow,
             "dynamic_batching": None
             if self.batching is None

@@ -21,7 +21,16 @@ from compiler.models.demo import DEMO_CONFIG, demo_model_bytes
 from compiler.running.engines import OrtEngine
 from server.runtime.models.state import BucketState
 from tests.integration.serverproc import metric_value
-from tests.server.fakes import FakeCompiler, FakeKernels, SlowEngine, admit, make_service, wait_until
+from tests.server.fakes import (
+    FakeCompiler,
+    FakeKernels,
+    SlowEngine,
+    admit,
+    make_service,
+    probed,
+    register,
+    wait_until,
+)
 
 DEMO = demo_model_bytes()
 CONFIG = {"axes": {"batch": {"kind": "pow2", "min": 1, "max": 64}}}
@@ -51,7 +60,7 @@ def compiler():
 def test_one_compile_per_bucket_under_concurrent_requests(tmp_path, compiler):
     service = make_service(tmp_path, compiler, FakeKernels(DEMO), routing="compiled")
     try:
-        service.register("m", DEMO, CONFIG)
+        register(service, "m", DEMO, CONFIG)
         compiler.gate.clear()
         sizes = [1, 3] * 24  # buckets x=1x4 and x=4x4
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -75,7 +84,7 @@ def test_one_compile_per_bucket_under_concurrent_requests(tmp_path, compiler):
 def test_full_queue_serves_through_onnxruntime_and_queues_again_later(tmp_path, compiler):
     service = make_service(tmp_path, compiler, FakeKernels(DEMO), compile_queue_size=1)
     try:
-        service.register("m", DEMO, CONFIG)
+        register(service, "m", DEMO, CONFIG)
         compiler.gate.clear()
         service.predict("m", {"x": rows(1)})
         wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.COMPILING)
@@ -104,6 +113,7 @@ def test_a_compile_killed_or_timed_out_is_retried_with_backoff_until_it_serves(t
     )
     try:
         service.register_default("m", DEMO, CONFIG | {"warm_buckets": [{"x": [1, 4]}]})  # served at start
+        probed(service, "m")  # the warm bucket is known once the padding probe's verdicts are
         bucket = service.get("m").buckets["x=1x4"]
         wait_until(lambda: bucket.retry_pending)
         assert bucket.reason == "compile process was killed by SIGKILL; retry 1 of 2 in 0.3 s"
@@ -177,7 +187,7 @@ def test_route_is_restored_after_restart_without_compile_or_timing(tmp_path, com
     kernels = FakeKernels(DEMO)
     first = make_service(tmp_path, compiler, kernels, routing="compiled")
     try:
-        first.register("m", DEMO, CONFIG)
+        register(first, "m", DEMO, CONFIG)
         first.predict("m", {"x": rows(2)})
         wait_until(lambda: bucket_state(first, "x=2x4") is BucketState.READY)
         latency = first.describe("m")["buckets"][0]["latency_ms"]
@@ -323,7 +333,7 @@ def test_a_deleted_model_is_freed_after_its_requests_were_shadow_checked(tmp_pat
     """The shadow thread holds no sample between checks: a sample keeps its model's weights alive."""
     service = make_service(tmp_path, compiler, FakeKernels(DEMO), routing="compiled", shadow_rate=1)
     try:
-        service.register("m", DEMO, CONFIG)
+        register(service, "m", DEMO, CONFIG)
         service.predict("m", {"x": rows(1)})
         wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
         served = weakref.ref(service.get("m"))
