@@ -54,9 +54,9 @@ class OrtEngine:
         self.providers = self.session.get_providers()
         self.output_names = [o.name for o in self.session.get_outputs()]
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray], run_options: ort.RunOptions | None = None) -> dict[str, np.ndarray]:
         try:
-            outputs = self.session.run(None, inputs)
+            outputs = self.session.run(None, inputs, run_options)
         except InvalidArgument as exc:  # the input's fault (e.g. an index out of range): a 400, not a 500
             raise BadRequestError(f"onnxruntime refused the input: {_status_message(exc)}") from None
         except Fail as exc:
@@ -71,6 +71,23 @@ class OrtEngine:
                 f"{_status_message(exc)}"
             ) from None
         return dict(zip(self.output_names, outputs, strict=True))
+
+
+class ArenaReturningRuns:
+    """An :class:`OrtEngine` whose runs give back what they grew its memory arena by as they end: for one-off
+    runs at sizes serving may never see (the padding probe's). Left in the arena, BERT-base's probe kept 0.8x
+    its weights for the model's life."""
+
+    name = OrtEngine.name
+
+    def __init__(self, engine: OrtEngine) -> None:
+        self.engine = engine
+        self.output_names = engine.output_names
+        self._options = ort.RunOptions()
+        self._options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.engine.run(inputs, self._options)
 
 
 def _status_message(exc: Exception) -> str:

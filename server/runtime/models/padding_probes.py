@@ -18,6 +18,7 @@ from pathlib import Path
 
 from compiler.models.memory import check_sizes_fit
 from compiler.models.signature import Signature
+from compiler.running.engines import ArenaReturningRuns
 from compiler.shapes.buckets import AxisSafety
 from compiler.shapes.padding import default_probe_sizes, probe_padding
 
@@ -130,7 +131,7 @@ class PaddingProbes:
         options = compile_options(settings, config, self.database_dir)
         check_sizes_fit(model.signature, config.probe_sizes, settings.max_tensor_bytes, "probe_sizes")
         verdicts = probe_padding(
-            served.ort,
+            ArenaReturningRuns(served.ort),
             model.signature,
             {axis: config.policy_for(axis) for axis in model.signature.axes()},
             probe_sizes(model.signature, config),
