@@ -113,6 +113,25 @@ class CompileAdmissionDescription(BaseModel):
     compiles_admitted_in_window: int = Field(description="over all models")
 
 
+class WeightsDescription(BaseModel):
+    prepared_bytes: int | None = Field(None, description="the version's weights as stored (mapped once per version)")
+    resident_bytes: int | None = Field(
+        None, description="of those, the mapped pages resident: weights a transform consumed are given back"
+    )
+    transformed_bytes: int | None = Field(
+        None,
+        description="what the kernels' weight transforms computed (matmul panels, channel-blocked conv weights), "
+        "once per layout: buckets whose kernels read the same layout share one copy",
+    )
+    transformed_ratio: float | None = Field(
+        None, description="transformed_bytes over prepared_bytes (bounded by max_transformed_weights_ratio)"
+    )
+    transformed_outputs: int | None = Field(None, description="distinct transformed weights computed")
+    openvino_bytes: int | None = Field(
+        None, description="what the version's models compiled by OpenVINO hold, once for all its buckets"
+    )
+
+
 class ModelDescription(BaseModel):
     name: str
     version: int
@@ -127,6 +146,9 @@ class ModelDescription(BaseModel):
     dynamic_batching: BatchingDescription | None = Field(None, description="null: not configured")
     buckets: list[Bucket]
     compile_admission: CompileAdmissionDescription
+    weights: WeightsDescription | None = Field(
+        None, description="the version's weights as its engines hold them; null while no kernel holds them"
+    )
 
 
 class ModelList(BaseModel):
