@@ -85,6 +85,9 @@ class OpenVinoModel:
         self.compiled = _compile(model_bytes, shapes, threads, ir_dir, precision)
         self.ports = {name: port for port in self.compiled.outputs for name in port.get_names()}
         self.nbytes = max(0, anonymous_resident_bytes() - before)  # the read model (a copy of the weights) gone
+        self.grown = 0
+        """What its buckets' first runs added, which it keeps: OpenVINO packs some weights anew for a range of
+        rows it had not run (the server counts it as each bucket's engine is verified)."""
 
     def engine(self, shapes: dict[str, tuple[int, ...]], output_names: list[str]) -> OpenVinoEngine:
         return OpenVinoEngine(self, shapes, output_names)
