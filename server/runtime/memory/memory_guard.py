@@ -46,31 +46,34 @@ class MemoryGuard:
     def check_room(self, what: str, nbytes: int) -> None:
         """Refuse to build ``what`` (OpenVINO's compiled model) where its ``nbytes`` would take the server past
         its memory limit."""
-        if not self.limit:
-            return
-        used = sum(process_tree_resident_bytes())
-        if used + nbytes <= self.limit:
-            return
-        self.metrics.memory.record_refusal()
-        mib = 2**20
-        raise InsufficientMemoryError(
-            f"no room for {what}: it needs about {nbytes / mib:.0f} MiB, the server holds {used / mib:.0f} MiB "
-            f"of its {self.limit / mib:.0f} MiB (JITSERVE_MEMORY_BYTES)"
-        )
+        used = self._used_past(nbytes)
+        if used is not None:
+            mib = 2**20
+            raise InsufficientMemoryError(
+                f"no room for {what}: it needs about {nbytes / mib:.0f} MiB, the server holds {used / mib:.0f} MiB "
+                f"of its {self.limit / mib:.0f} MiB (JITSERVE_MEMORY_BYTES)"
+            )
 
     def check_upload(self, name: str, weight_bytes: int) -> None:
         """Refuse a model whose weights would take the server past its memory limit."""
-        if not self.limit:
-            return
-        used = sum(process_tree_resident_bytes())
         needed = int(UPLOAD_WEIGHT_FACTOR * weight_bytes)
+        used = self._used_past(needed)
+        if used is not None:
+            mib = 2**20
+            raise InsufficientMemoryError(
+                f"model {name!r} does not fit in memory: its {weight_bytes / mib:.0f} MiB of weights need about "
+                f"{needed / mib:.0f} MiB while it is loaded (its bytes, ONNX Runtime's session), the server holds "
+                f"{used / mib:.0f} MiB of its {self.limit / mib:.0f} MiB (JITSERVE_MEMORY_BYTES); delete or unload "
+                "a model, or give the server more memory"
+            )
+
+    def _used_past(self, needed: int) -> int | None:
+        """What the server and its children hold where ``needed`` more would take them past the limit (the
+        refusal counted); None where it fits, or there is no limit."""
+        if not self.limit:
+            return None
+        used = sum(process_tree_resident_bytes())
         if used + needed <= self.limit:
-            return
+            return None
         self.metrics.memory.record_refusal()
-        mib = 2**20
-        raise InsufficientMemoryError(
-            f"model {name!r} does not fit in memory: its {weight_bytes / mib:.0f} MiB of weights need about "
-            f"{needed / mib:.0f} MiB while it is loaded (its bytes, ONNX Runtime's session), the server holds "
-            f"{used / mib:.0f} MiB of its {self.limit / mib:.0f} MiB (JITSERVE_MEMORY_BYTES); delete or unload a "
-            "model, or give the server more memory"
-        )
+        return used
