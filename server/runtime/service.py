@@ -27,7 +27,7 @@ from .compiling.compile_admission import CompileAdmission
 from .compiling.router import Router
 from .compiling.scheduler import CompileScheduler
 from .compiling.tuner import BackgroundTuner
-from .memory.allocator import return_memory
+from .memory.allocator import return_memory_now_and_after
 from .memory.kernel_cache import Kernels
 from .models.model_admission import ModelAdmission
 from .models.records import ModelStore
@@ -137,8 +137,9 @@ class ModelService:
         return self._registered(self.admission.register(name, load, config, replace=replace))
 
     def _registered(self, served: ServedModel) -> dict:
-        """An upload's answer; the copies its checks made (parsed protos, bytes) go back to the system."""
-        return_memory()
+        """An upload's answer; the copies its checks made (parsed protos, bytes) go back to the system as it
+        is sent (collecting and trimming a heap that held a 415 MiB model took 0.3 s)."""
+        return_memory_now_and_after((), now=False)
         return self._describe(served)
 
     def register_default(self, name: str, data: bytes, config: dict) -> None:

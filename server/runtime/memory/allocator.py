@@ -27,11 +27,13 @@ def return_memory() -> None:
         trim(0)
 
 
-def return_memory_now_and_after(delays: tuple[float, ...]) -> None:
-    """Hand freed memory back now, and again after each of ``delays`` seconds (what is still held for a
-    while, by requests in flight or work ending, is freed by then)."""
-    return_memory()
-    for seconds in delays:
+def return_memory_now_and_after(delays: tuple[float, ...], *, now: bool = True) -> None:
+    """Hand freed memory back now (or, not ``now``, at once in a thread of its own), and again after each of
+    ``delays`` seconds (what is still held for a while, by requests in flight or work ending, is freed by
+    then)."""
+    if now:
+        return_memory()
+    for seconds in delays if now else (0.0, *delays):
         timer = threading.Timer(seconds, return_memory)
         timer.daemon = True
         timer.start()
