@@ -199,7 +199,8 @@ def run(model_path: Path | None, buckets: list[dict], settings: dict) -> dict:
                 engines.append(served_by)
                 measured = {name: round(ms, 2) for name, ms in (facts.get("latency_ms") or {}).items()}
                 held = server.http.get("/models/big").json().get("weights") or {}
-                mib = {key: round(value / 2**20) for key, value in held.items() if value is not None and key.endswith("bytes")}
+                sizes = {key: value for key, value in held.items() if key.endswith("bytes") and value is not None}
+                mib = {key: round(value / 2**20) for key, value in sizes.items()}
                 note = f"{facts['state']}, served by {served_by} {measured}; held (MiB): {mib}"
                 rows.append((f"bucket {label}", server.rss() - start, note))
             compiles = server.compiles("big", "tvm")

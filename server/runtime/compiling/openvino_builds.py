@@ -150,8 +150,10 @@ class OpenVinoBuilds:
         bucket.openvino = {**(bucket.openvino or {}), name: facts}
         return OpenVinoBuild(engine, None, seconds)
 
-    def _build(self, served: ServedModel, bucket: ServedBucket, precision: str) -> tuple[OpenVinoEngine | None, str]:
-        """The verified engine (or None), and the verification's detail (or why it failed)."""
+    def _build(
+        self, served: ServedModel, bucket: ServedBucket, precision: str
+    ) -> tuple[OpenVinoEngine | None, str, str]:
+        """The verified engine (or None), the verification's detail (or why it failed), and the outcome."""
         name = engine_name(precision)
         budget = budget_for(name, served.record.config.precision, bool(served.model.integer_ops))
         try:
