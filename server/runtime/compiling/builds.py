@@ -240,18 +240,23 @@ class BucketBuilder:
             bucket.set_tuning(status)
             self.router.remember(served, bucket)
             return built.seconds
-        bucket.set_tuning(status, tuned_key=outcome.manifest.key)
-        self.kernels.load(served, outcome.manifest.key)
-        # Both timed as fresh instances: the live kernel keeps serving meanwhile, undisturbed and undisturbing.
-        candidates = {
-            tier: self.kernels.open(served, key)
-            for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
-        }
+        # Known as tuned now (its key), done once its route is decided: whoever sees "done" sees the route.
+        bucket.set_tuning(bucket.tuning, tuned_key=outcome.manifest.key)
         serving = bucket.route or ""
-        openvino = self.kernels.get(served, bucket.key_for(serving) or "") if serving.startswith(OPENVINO) else None
-        if openvino is not None:  # built and held: it serves the bucket now, and is timed as it is
-            candidates[serving] = openvino
-        if self.router.route(served, bucket, candidates) != serving and openvino is not None:
+        try:
+            self.kernels.load(served, outcome.manifest.key)
+            candidates = {  # timed as fresh instances: the live kernel serves meanwhile, undisturbed
+                tier: self.kernels.open(served, key)
+                for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
+            }
+            held = self.kernels.get(served, bucket.key_for(serving) or "") if serving.startswith(OPENVINO) else None
+            if held is not None:  # built and held: it serves the bucket now, and is timed as it is
+                candidates[serving] = held
+            routed = self.router.route(served, bucket, candidates)
+        finally:
+            bucket.set_tuning(status)
+            self.router.remember(served, bucket)
+        if routed != serving and held is not None:
             self.kernels.drop(served, bucket.key_for(serving))  # the tuned kernel won: its memory goes back
         return built.seconds
 
