@@ -39,6 +39,7 @@ from loadtest.common import start_server
 from loadtest.compare import cpu_line
 from loadtest.zoo import zoo_path
 from tests import synthetic
+from tests.integration.serverproc import metric_value
 
 BERT_BUCKETS = [
     {"input_ids": (1, 128), "attention_mask": (1, 128)},
@@ -73,21 +74,6 @@ def inputs_for(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], seed:
     return inputs
 
 
-def metric(text: str, name: str, **labels) -> float:
-    """The sum of a metric's samples whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        sample, _, label_text = head.partition("{")
-        if sample != name:
-            continue
-        if all(f'{key}="{want}"' in label_text for key, want in labels.items()):
-            total += float(value)
-    return total
-
-
 class Server:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -95,10 +81,10 @@ class Server:
 
     def rss(self) -> float:
         time.sleep(0.5)  # the gauge is read as /metrics is scraped; let a just-freed block go first
-        return metric(self.http.get("/metrics").text, "jitserve_resident_memory_bytes")
+        return metric_value(self.http.get("/metrics").text, "jitserve_resident_memory_bytes")
 
     def compiles(self, model: str, tier: str) -> float:
-        return metric(self.http.get("/metrics").text, "jitserve_compiles_total", model=model, tier=tier)
+        return metric_value(self.http.get("/metrics").text, "jitserve_compiles_total", model=model, tier=tier)
 
     def upload(self, name: str, data: bytes, config: dict, replace: bool = False) -> float:
         """PUT the model as multipart; the seconds from its body's last byte sent to the answer."""
@@ -151,7 +137,7 @@ class Server:
         while time.monotonic() < deadline:
             buckets = self.http.get(f"/models/{name}").json()["buckets"]
             found = next((b for b in buckets if b["bucket"] == label), None)
-            queued = metric(self.http.get("/metrics").text, "jitserve_compile_queue_depth")
+            queued = metric_value(self.http.get("/metrics").text, "jitserve_compile_queue_depth")
             # Ready a moment before its compile ends (the engines measured slower are let go then).
             if found is not None and found["state"] in ("ready", "failed") and not queued:
                 return found

@@ -145,23 +145,25 @@ class ServedModel:
                 )
             return served
 
+    def _put_safety(self, verdicts: dict[str, AxisSafety], **fields) -> ModelRecord:
+        """``verdicts`` (and ``fields``) into the record and the planner (hold :attr:`lock`)."""
+        safety = {**self.record.safety, **verdicts}
+        self.record = self.record.model_copy(update={"safety": safety, **fields})
+        self.planner.safety = safety
+        return self.record
+
     def settle_safety(self, verdicts: dict[str, AxisSafety], probe_version: int) -> ModelRecord:
         """The padding probe's verdicts in force: requests planned from now on are padded on the axes found
         safe. Returns the record that holds them."""
         with self.lock:
-            safety = {**self.record.safety, **verdicts}
-            self.record = self.record.model_copy(update={"safety": safety, "probe_version": probe_version})
-            self.planner.safety = safety
-            return self.record
+            return self._put_safety(verdicts, probe_version=probe_version)
 
     def revise_safety(self, verdicts: dict[str, AxisSafety]) -> None:
         """Axes found unsafe after upload: every request planned from now on is bucketed without padding
         them (buckets planned before keep their kernels, and see no more requests), and requests are no
         longer joined along a batch axis found so."""
         with self.lock:
-            safety = {**self.record.safety, **verdicts}
-            self.record = self.record.model_copy(update={"safety": safety})
-            self.planner.safety = safety
+            self._put_safety(verdicts)
             batch_axis = self.model.signature.leading_axis()
             if self.batcher is not None and batch_axis in verdicts:  # requests are joined along it no more
                 self.batcher.close()
