@@ -38,6 +38,8 @@ ARCHITECTURES: dict[str, tuple[str, dict, tuple[int, ...]]] = {
     "regnet_y_800mf": ("regnet_y_800mf", {}, (1, 3, 224, 224)),  # grouped convs and squeeze-excitation
     "densenet121": ("densenet121", {}, (1, 3, 224, 224)),  # concatenations of growing width
     "convnext_tiny": ("convnext_tiny", {}, (1, 3, 224, 224)),  # 7x7 depthwise, layer norm, GELU
+    "shufflenet_v2_x1_0": ("shufflenet_v2_x1_0", {}, (1, 3, 224, 224)),  # channel shuffle, split and concat
+    "squeezenet1_1": ("squeezenet1_1", {}, (1, 3, 224, 224)),  # fire modules: squeeze, parallel expands
     "deeplabv3_mobilenet_v3_large": (
         "segmentation.deeplabv3_mobilenet_v3_large",
         {"weights_backbone": None, "aux_loss": False},
@@ -54,6 +56,8 @@ TRANSFORMERS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
     "vit_b_16": ("_export_vit", {"x": (1, 3, 224, 224)}),
     "gpt2": ("_export_gpt2", {"input_ids": (1, 128)}),  # causal mask, logits over the 50,257 tokens
     "bert_base": ("_export_bert", {"input_ids": (1, 128), "attention_mask": (1, 128)}),
+    # Whisper-tiny's audio encoder: a conv1d stem over 3,000 mel frames, attention over 1,500 positions
+    "whisper_tiny_encoder": ("_export_whisper_encoder", {"input_features": (1, 80, 3000)}),
 }
 
 # Every model of the zoo: name -> input name -> shape at batch 1.
@@ -157,6 +161,38 @@ def _export_bert(partial: Path) -> None:
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     _export_dynamo(torch, Hidden().eval(), "bert_base", ["hidden"], partial)
+
+
+def _export_whisper_encoder(partial: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.WhisperConfig(  # whisper-tiny: 4 encoder layers, d_model 384, 6 heads
+        d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536, num_mel_bins=80
+    )
+    encoder = transformers.WhisperModel(config).get_encoder().eval()
+    encoder.config._attn_implementation = "eager"
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_features):
+            return self.encoder(input_features).last_hidden_state
+
+    shape = TRANSFORMERS["whisper_tiny_encoder"][1]["input_features"]
+    torch.onnx.export(
+        Encoder().eval(),
+        (torch.randn(*shape),),
+        str(partial),
+        input_names=["input_features"],
+        output_names=["hidden"],
+        dynamic_axes={"input_features": {0: "batch"}, "hidden": {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+    )
 
 
 def _export_dynamo(torch, model, name: str, outputs: list[str], partial: Path) -> None:

@@ -111,5 +111,10 @@ def test_bench_prints_one_json_line_per_bucket_and_plots(two_input, tmp_path):
         assert set(row["ratio_vs_ort"]) == {"tvm", "tvm_tuned", "openvino"}
         for tier in ("tvm", "tvm_tuned", "openvino"):
             assert row["ratio_vs_ort"][tier] == pytest.approx(row[f"{tier}_ms"] / row["ort_ms"], rel=0.25)
+        # The faster peer is the one a kernel must beat to serve: min(ONNX Runtime, OpenVINO).
+        assert row["peer_ms"] == min(row["ort_ms"], row["openvino_ms"]), row
+        assert set(row["ratio_vs_peer"]) == {"tvm", "tvm_tuned"}
+        for tier in ("tvm", "tvm_tuned"):
+            assert row["ratio_vs_peer"][tier] == pytest.approx(row[f"{tier}_ms"] / row["peer_ms"], rel=0.25)
         assert row["compile_seconds"] > 0 and row["tune_seconds"] > 0 and row["tune_trials"] >= 1
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
