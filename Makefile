@@ -1,12 +1,13 @@
 # Two entry points: `make run` and `make test`. Both install into .venv first.
 # `make bench` reproduces the bench table, the zoo's convnets included (`make zoo` exports them once
-# into .cache/zoo); TUNE_TRIALS=400 adds a tuned column (hours).
+# into .cache/zoo); TUNE_TRIALS=400 adds a tuned column (hours). `make tune-db` regenerates the shipped
+# tuning database (compiler/tuning_db) for this machine's vector ISA and core count (hours).
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP_CACHE_DIR ?= $(CURDIR)/.cache/pip
 export PIP_CACHE_DIR
 
-.PHONY: install run test lint bench zoo proto
+.PHONY: install run test lint bench zoo proto tune-db
 
 TUNE_TRIALS ?= 0
 
@@ -52,6 +53,9 @@ zoo: $(ZOO_VENV)/.installed-2
 
 bench: install zoo
 	$(PY) loadtest/bench_table.py --tune-trials $(TUNE_TRIALS)
+
+tune-db: install zoo
+	$(PY) loadtest/tune_db.py
 
 # The gRPC front door's descriptor set, checked in beside its .proto (tests/server/test_grpc_api.py
 # fails when it differs from what this generates).

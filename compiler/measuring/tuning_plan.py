@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 CONFIRM_MARGIN = 0.03
 """A tuned candidate must be this much faster than the schedule it replaces, re-timed side by side."""
+BUDGET_SPENT = "budget spent on tasks that lose more"
+"""The reason of a task planned no trials only because those before it took the budget: a run whose tasks
+spend less than their allowance (a knob search ends when its candidates do) goes on down the ranking."""
 MIN_SHARE = 0.005
 """A task under this share of the run is never tuned: even a kernel twice as fast would not show."""
 
@@ -91,7 +94,7 @@ def plan_tuning(tasks: list[TaskCost], trials: int, trials_per_task: int) -> lis
         elif share < MIN_SHARE:
             planned.append(PlannedTask(task, share, priority, 0, f"under {MIN_SHARE:.1%} of the run"))
         elif left <= 0:
-            planned.append(PlannedTask(task, share, priority, 0, "budget spent on tasks that lose more"))
+            planned.append(PlannedTask(task, share, priority, 0, BUDGET_SPENT))
         else:
             given = min(wanted, left)
             left -= given

@@ -186,7 +186,7 @@ def build_and_verify(job: BuildJob) -> dict:
         for name, sizes in (job.verify_sizes or {}).items()
         if sizes
     }
-    database = open_shared_database(job.database_dir)
+    database = open_shared_database(job.database_dir, tvm.target.Target(job.target))  # and the shipped records
     recorder = StageRecorder(mod) if job.explain_dir else None
     executable = compile_relax(
         mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder

@@ -27,8 +27,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..errors import CompileError
-from ..measuring.tuning_plan import TaskCost, confirmed_winner, plan_tuning
+from ..measuring.tuning_plan import BUDGET_SPENT, TaskCost, confirmed_winner, plan_tuning
 from ..running.engines import TRANSFORM_PARAMS
+from .knob_search import search_knobs
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
 from .tuning_database import merge_into_shared, open_shared_database, read_trials, records_of, workload_key
@@ -163,14 +164,16 @@ class TuningRun:
         progress.write()
         by_name = {task.task_name: task for task in tasks}
         tuned: dict[str, tuple[int, float | None]] = {}  # task -> trials, its confirmed faster seconds
-        for step in (step for step in plan if step.trials):
-            given = step.trials
+        left = trials
+        for step in (step for step in plan if step.trials or step.reason == BUDGET_SPENT):
+            given = min(trials_per_task - step.task.tuned_trials, left)
             if seconds is not None and tuned:  # as many as the time left holds at the pace so far
                 elapsed = time.perf_counter() - started
-                given = min(given, int((seconds - elapsed) / (elapsed / sum(n for n, _ in tuned.values()))))
-                if given < 1:
-                    break
+                given = min(given, int((seconds - elapsed) / (elapsed / max(1, sum(n for n, _ in tuned.values())))))
+            if given < 1:
+                break
             tuned[step.task.name] = self._tune_task(by_name[step.task.name], given, progress)
+            left -= tuned[step.task.name][0]
         return {
             "tasks": len(tasks),
             "trials": sum(n for n, _ in tuned.values()),
@@ -185,7 +188,7 @@ class TuningRun:
         """Each task's cost, and how many default schedules were timed for it. A task the shared database
         holds records for is timed by its fastest; the others with their default schedules, recorded so
         that a tuned kernel is never slower than the untuned one, task by task."""
-        shared = open_shared_database(self.database_dir)
+        shared = open_shared_database(self.database_dir, self.target)
         ledger = read_trials(self.database_dir)
         known = [records_of(shared, task.dispatched[0], self.target) for task in tasks]
         untimed = [task for task, records in zip(tasks, known, strict=True) if not records]
@@ -207,6 +210,8 @@ class TuningRun:
         candidate was confirmed faster, after."""
         before = step.task.seconds
         row = step.as_dict() | {"trials": trials, "default_us": round(before * 1e6, 1) if before else None}
+        if trials:  # tuned with the budget the tasks before it left
+            row["reason"] = None
         return row | ({"tuned_us": round(confirmed * 1e6, 1)} if confirmed else {})
 
     def _confirm_faster(self, mod, tuned, incumbent, confirmed) -> float | None:
@@ -264,10 +269,28 @@ class TuningRun:
         return ms.database.JSONDatabase(work_dir=directory)
 
     def _tune_task(self, task, trials: int, progress: Progress) -> tuple[int, float | None]:
-        """Tune one task for ``trials``; merge what ``_confirm_faster`` confirms into the shared database.
-        Returns the trials run and the confirmed kernel's seconds (None: none beat the schedule it had)."""
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir=self.work_dir)
+        """Tune one task for ``trials``: the rules' knobs first (:mod:`.knob_search`), then MetaSchedule with
+        what is left, where that is enough for a search; merge what ``_confirm_faster`` confirms into the
+        shared database. Returns the trials run and the confirmed kernel's seconds (None: none beat the
+        schedule it had)."""
         database = self._database(f"task-{progress.tasks_tuned}")
+        mod = task.dispatched[0]
+        knobs = 0
+        if self.target.kind.name == "llvm":  # the knobs are the CPU rules'
+            knobs = search_knobs(mod, self.target, self.builder, self.runner, database, limit=trials)
+            progress.measured(task.task_name, knobs, database, mod)
+        if trials - knobs >= MIN_METASCHEDULE_TRIALS:
+            self._metaschedule(task, trials - knobs, database, progress)
+        progress.tasks_tuned += 1
+        incumbent = next(iter(records_of(open_shared_database(self.database_dir, self.target), mod, self.target)), None)
+        confirmed = self._database(f"confirmed-{progress.tasks_tuned}")
+        seconds = self._confirm_faster(mod, database, incumbent, confirmed)
+        ran = max(knobs, len(database.get_all_tuning_records()))
+        merge_into_shared(self.database_dir, confirmed, {workload_key(mod): ran})
+        return ran, seconds
+
+    def _metaschedule(self, task, trials: int, database, progress: Progress) -> None:
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir=self.work_dir)
         callbacks = [*ms.measure_callback.MeasureCallback.create("default"), progress.callback(task.task_name)]
         # Each tune_tasks call re-configures MetaSchedule's loggers from this level: warnings only on the console.
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -284,14 +307,11 @@ class TuningRun:
                 database=database,
                 measure_callbacks=callbacks,
             )
-        progress.tasks_tuned += 1
-        mod = task.dispatched[0]
-        incumbent = next(iter(records_of(open_shared_database(self.database_dir), mod, self.target)), None)
-        confirmed = self._database(f"confirmed-{progress.tasks_tuned}")
-        seconds = self._confirm_faster(mod, database, incumbent, confirmed)
-        ran = len(database.get_all_tuning_records())
-        merge_into_shared(self.database_dir, confirmed, {workload_key(mod): ran})
-        return ran, seconds
+
+
+MIN_METASCHEDULE_TRIALS = 16
+"""Trials left after the knob search below which MetaSchedule is not started: one batch of its evolutionary
+search (16 candidates) is the least that explores its space."""
 
 
 def _mean(run_secs) -> float:
@@ -395,6 +415,15 @@ class Progress:
         with open(temporary, "w") as handle:
             json.dump({"trials": self.trials, "best_ms": best_ms}, handle)
         os.replace(temporary, self.path)
+
+    def measured(self, task_name: str, trials: int, database, mod) -> None:
+        """Count ``trials`` measured outside MetaSchedule, their fastest being ``database``'s best for ``mod``."""
+        self.trials += trials
+        # A JSON database's top-k reserves room for k records: 1 here, never "all".
+        for record in database.get_top_k(database.commit_workload(mod), 1) if database.has_workload(mod) else []:
+            seconds = _mean(record.run_secs)
+            self.best[task_name] = min(seconds, self.best.get(task_name, seconds))
+        self.write()
 
     def callback(self, task_name: str):
         """A measure callback counting one task's trials into this progress."""

@@ -1,15 +1,22 @@
-"""The shared MetaSchedule tuning database, in the data dir: every bucket, model and restart reads it.
+"""The shared MetaSchedule tuning database, in the data dir: every bucket, model and restart reads it;
+and the database shipped with the compiler (``compiler/tuning_db``), tuned on the project's machines.
 
 A tuning run writes into its own database first and then merges into the
 shared one under a file lock, replacing each file in one rename, so a
 compile reading it never sees a half-written file. Records are keyed by
 workload (the kernel's TIR, structurally): a task any bucket or model
 tuned is found tuned by every other that shares it.
+
+The shipped database holds one file per vector ISA and core count (:func:`isa_key`): a schedule tuned
+for AVX-512 on 2 cores is wrong-sized for AVX2 or for 16 cores, so a record is used only where both
+match. Its records join the shared ones in memory, retargeted to the compile's own target (the CPU
+model may differ within an ISA); tuning here re-times them as any incumbent, and replaces those it beats.
 """
 
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import os
 import shutil
@@ -22,6 +29,7 @@ from tvm.s_tir import meta_schedule as ms
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "tuning_db"
 TRIALS = "trials.json"
 """Trials spent on each workload (by structural hash), whatever came of them: a workload tuned before is
 not tuned again, while the database keeps only the candidates confirmed faster."""
@@ -38,21 +46,94 @@ def _locked(directory: Path, exclusive: bool):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def open_shared_database(directory: str | None):
-    """The shared database loaded in memory, or None when there is none yet."""
+def open_shared_database(directory: str | None, target=None, shipped_dir: Path | None = SHIPPED_DIR):
+    """The shared database loaded in memory, with the shipped records for ``target``'s ISA and cores
+    (where given); None when there are none."""
+    memory = ms.database.MemoryDatabase()
+    count = _copy_shipped(shipped_dir, target, memory) if target is not None and shipped_dir else 0
     if directory is None:
-        return None
+        return memory if count else None
     path = Path(directory)
     with _locked(path, exclusive=False):
         if not (path / WORKLOADS).is_file() or not (path / RECORDS).is_file():
-            return None
+            return memory if count else None
         on_disk = ms.database.JSONDatabase(
             path_workload=str(path / WORKLOADS), path_tuning_record=str(path / RECORDS), allow_missing=False
         )
         # A memory copy: later merges by other processes cannot change it under us.
-        memory = ms.database.MemoryDatabase()
         _copy_records(on_disk, memory)
         return memory
+
+
+def isa_key(target) -> str | None:
+    """``x86_64-avx512-2c``: the vector ISA and core count a CPU record is tuned for; None for targets the
+    shipped database has no records for (GPUs, other CPUs)."""
+    if target.kind.name != "llvm" or not str(target.attrs.get("mtriple", "") or "x86_64").startswith("x86_64"):
+        return None
+    from tvm.target.codegen import llvm_cpu_has_features
+
+    if llvm_cpu_has_features("avx512f", target):
+        isa = "avx512"
+    elif llvm_cpu_has_features("avx2", target) and llvm_cpu_has_features("fma", target):
+        isa = "avx2"
+    else:
+        return None
+    return f"x86_64-{isa}-{int(target.attrs.get('num-cores', 0) or 0)}c"
+
+
+def shipped_path(shipped_dir: Path, key: str) -> Path:
+    return shipped_dir / f"{key}.json.gz"
+
+
+def _copy_shipped(shipped_dir: Path, target, destination) -> int:
+    """The shipped records for ``target``'s :func:`isa_key` committed into ``destination``, retargeted."""
+    key = isa_key(target)
+    path = shipped_path(shipped_dir, key) if key else None
+    if path is None or not path.is_file():
+        return 0
+    shipped = json.loads(gzip.decompress(path.read_bytes()))
+    if shipped.get("isa") != key:  # a file renamed by hand is not trusted
+        return 0
+    workloads = [ms.database.Workload.from_json(w) for w in shipped["workloads"]]
+    for index, record_json in shipped["records"]:
+        record = ms.database.TuningRecord.from_json(record_json, workloads[index])
+        workload = destination.commit_workload(workloads[index].mod)
+        destination.commit_tuning_record(
+            ms.database.TuningRecord(record.trace, workload, record.run_secs, target, record.args_info)
+        )
+    return len(shipped["records"])
+
+
+def write_shipped(directory: str, target, path: Path, provenance: dict) -> int:
+    """The fastest record of each workload of the shared database in ``directory`` that tuning improved
+    (it holds more than the default schedule's), written to ``path`` for ``target``'s ISA; returns how many."""
+    with _locked(Path(directory), exclusive=False):
+        database = ms.database.JSONDatabase(
+            path_workload=str(Path(directory) / WORKLOADS),
+            path_tuning_record=str(Path(directory) / RECORDS),
+            allow_missing=False,
+        )
+        workloads, records = [], []
+        for workload in _workloads(database):
+            top = database.get_top_k(workload, 2)  # a JSON database reserves room for k: not 1 << 30
+            if len(top) < 2 or str(top[0].target) != str(target):
+                continue
+            records.append([len(workloads), top[0].as_json()])
+            workloads.append(workload.as_json())
+    body = {"isa": isa_key(target), "provenance": provenance, "workloads": workloads, "records": records}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_suffix(".tmp")
+    staged.write_bytes(gzip.compress(json.dumps(body, sort_keys=True).encode(), mtime=0))
+    os.replace(staged, path)
+    return len(records)
+
+
+def _workloads(database) -> list:
+    """Every workload ``database`` holds records for, once each (by structural hash)."""
+    seen: dict[int, object] = {}
+    for record in database.get_all_tuning_records():
+        seen.setdefault(int(tvm_ffi.structural_hash(record.workload.mod)), record.workload)
+    return list(seen.values())
 
 
 def _copy_records(source, destination) -> int:

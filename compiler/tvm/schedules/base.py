@@ -13,6 +13,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from .knobs import choose
+
 SBlockRV = s_tir.schedule.SBlockRV
 LoopRV = s_tir.schedule.LoopRV
 
@@ -292,7 +294,8 @@ def vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, lanes: int, parall
 def schedule_stage(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
     """A root-level spatial block on its own: vectorized in its dtype's lanes, parallel where large."""
     lanes = vector_lanes(target, str(sch.get(block).writes[0].source.dtype))
-    vectorize_innermost(sch, block, lanes, total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS)
+    parallel = choose("stage.parallel", total_elements(sch, block) >= PARALLEL_MIN_ELEMENTS, (True, False))
+    vectorize_innermost(sch, block, lanes, bool(parallel))
 
 
 # A block annotation: the block is a stage of its own, computed once, never inlined into its consumers (a

@@ -43,6 +43,7 @@ from .contraction_analysis import main_contraction, plain_iters
 from .flat_map import flatten_pointwise_map
 from .gates import epilogues, mark_broadcast, stages_after
 from .groups import split_group_blocks
+from .knobs import choose
 from .pads import packed_pad_row, pad_per_channel, schedule_pad_stage
 from .panel import packable_operand, panel_axes
 from .register_tile import (
@@ -165,7 +166,8 @@ class ContractionPlan:
         unit = vector_unit(target)
         lanes = unit.lanes(str(sch.get(main).writes[0].source.dtype))
         plan = cls(sch, target, main_name, padded, unit, lanes, main, info)
-        if flatten_pointwise_map(sch, main, info, lanes, unit) and not plan._reanalyze():
+        flatten = choose("contraction.flatten", True, (False,))  # where the rule finds it pays
+        if flatten and flatten_pointwise_map(sch, main, info, lanes, unit) and not plan._reanalyze():
             return None
         return plan
 
@@ -186,6 +188,8 @@ class ContractionPlan:
         symbolic_vec = info.vec in info.symbolic
         symbolic_reg = info.reg is not None and info.reg in info.symbolic
         ragged = not symbolic_vec and n > lanes and whole_vector_tile(n, lanes) is None
+        # An axis that half vectors divide (ShuffleNet's 14x14 maps: 196) may be padded to whole ones.
+        ragged = bool(choose("contraction.pad_lanes", ragged, (True,) if not symbolic_vec and n % lanes else ()))
         rows = padded_rows(info, lanes, unit.accumulators)
         if not (symbolic_vec or symbolic_reg or ragged or rows):
             return True
@@ -217,6 +221,24 @@ class ContractionPlan:
         self.partial = ragged_outer_tile(info, lanes, self.nr, unit) if info.exact_width else None
         if self.partial is not None:
             self.ov, self.mr = self.partial
+        self._tile_knobs()
+
+    def _tile_knobs(self) -> None:
+        """The register tile's lanes and rows as knobs: whole divisors of constant extents only, within
+        the register file (a tuner's alternatives to the rule's estimate)."""
+        info, lanes = self.info, self.lanes
+        if info.symbolic or self.partial is not None:
+            return
+        n = info.extents[info.vec]
+        widths = [w for w in (lanes // 2, lanes, lanes * 2, lanes * 4) if w >= 1 and n % w == 0]
+        self.nr = int(choose("contraction.nr", self.nr, widths))
+        if info.reg is None:
+            return
+        vectors = max(1, -(-self.nr // lanes)) * self.ov
+        budget = self.unit.accumulators // vectors if info.reuse else self.unit.accumulators
+        extent = info.extents[info.reg]
+        rows = [r for r in range(1, max(1, budget) + 1) if extent % r == 0][-4:]
+        self.mr = int(choose("contraction.mr", self.mr, rows))
 
     def choose_panel(self) -> None:
         """A weight panel (A @ B: B's K x nr columns) packed once per column tile, reused by every row tile."""
@@ -225,6 +247,8 @@ class ContractionPlan:
             packed = packable_operand(sch, self.main, info, self.mr, self.nr, cores=target_cores(self.target))
             produced = {sch.get(sch.get_sblock(name)).writes[0].source.name for name in self.producers}
             self.packed = None if packed in produced else packed
+        if self.packed is not None and not choose("contraction.pack_panel", True, (False,)):
+            self.packed = None
         if self.packed is not None:
             self.panel_iters = panel_axes(sch.get(self.main), info, self.packed)
 
@@ -352,7 +376,9 @@ class LoopNest:
         if info.outer is not None and info.reg is not None and info.extents[info.reg] > 1:
             threshold = min(threshold, PARALLEL_MIN_MACS_BLOCKED)
         fused = self.fused
-        if fused is not None and product_of(info.extents) >= threshold and (loop_bound(plan.sch, fused) or 1) >= 2:
+        if fused is None or (loop_bound(plan.sch, fused) or 1) < 2:
+            return
+        if choose("contraction.parallel", product_of(info.extents) >= threshold, (True, False)):
             plan.sch.parallel(fused)
 
     def accumulate_per_tile(self) -> None:

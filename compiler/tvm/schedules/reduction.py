@@ -28,6 +28,7 @@ from .base import (
     vars_of,
     vector_lanes,
 )
+from .knobs import choose
 
 
 class RowReduction(SafeRule):
@@ -69,7 +70,8 @@ class RowReduction(SafeRule):
         blocks = root_blocks(sch)
         loops = sch.get_loops(blocks[-1])
         outer = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-        if (loop_bound(sch, outer) or 1) >= 2 and max(total_elements(sch, b) for b in blocks) >= PARALLEL_MIN_ELEMENTS:
+        large = max(total_elements(sch, b) for b in blocks) >= PARALLEL_MIN_ELEMENTS
+        if (loop_bound(sch, outer) or 1) >= 2 and choose("reduction.parallel", large, (True, False)):
             sch.parallel(outer)
         for block in reversed(blocks[:-1]):
             sch.compute_at(block, outer, preserve_unit_loops=True)

@@ -1,0 +1,81 @@
+"""Regenerate the shipped tuning database for this machine's vector ISA and core count.
+
+    make tune-db                                    # every model of the bench table
+    .venv/bin/python loadtest/tune_db.py [--models "zoo: shufflenet_v2_x1_0" ...] [--trials 64]
+
+Tunes each bucket of the bench table (``loadtest/bench_table.py``; ``make zoo`` exports the zoo) with
+``python -m compiler bench --tune-trials N``, one process per model, all sharing one tuning database
+under ``.cache/tune-db/<isa>``: a task two models share is tuned once. Then writes the records tuning
+improved (a confirmed winner over the rules' default schedule) to ``compiler/tuning_db/<isa>.json.gz``,
+with their provenance: the CPU, its ISA and cores, the date, the trials and the models. A compile on a
+machine of the same ISA and core count applies them at its first compile; other machines ignore them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadtest.bench_table import MODELS, BenchFailed, cpu_name, model_path  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS), metavar="MODEL")
+    parser.add_argument("--trials", type=int, default=64, help="tuning trials per bucket")
+    parser.add_argument("--trials-per-task", type=int, default=16)
+    parser.add_argument("--buckets", type=int, default=1, help="the first N buckets of each model")
+    args = parser.parse_args()
+
+    import tvm
+
+    from compiler.building.target import resolve_target
+    from compiler.tvm.tuning_database import SHIPPED_DIR, isa_key, shipped_path, write_shipped
+
+    target = tvm.target.Target(resolve_target("llvm"))
+    key = isa_key(target)
+    if key is None:
+        raise SystemExit(f"no shipped database for this target: {target}")
+    store = REPO / ".cache" / "tune-db" / key
+    tuned: list[str] = []
+    started = time.time()
+    for title in args.models:
+        file, shapes = MODELS[title]
+        path = model_path(file)
+        buckets = shapes[: args.buckets]
+        command = [sys.executable, "-m", "compiler", "bench", str(path), "--store", str(store), "--runs", "5"]
+        command += ["--tune-trials", str(args.trials), "--tune-trials-per-task", str(args.trials_per_task)]
+        command += [arg for bucket in buckets for shape in bucket.split(";") for arg in ("--shape", shape)]
+        done = subprocess.run(command, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print(f"{title}: {BenchFailed(done.stderr.strip().splitlines()[-1:])}", file=sys.stderr, flush=True)
+            continue
+        for line in done.stdout.splitlines():
+            row = json.loads(line)
+            print(json.dumps({"model": title, **{k: row.get(k) for k in ("bucket", "ort_ms", "openvino_ms",
+                  "tvm_ms", "tvm_tuned_ms", "ratio_vs_peer", "tune_seconds", "tune_trials")}}), flush=True)  # fmt: skip
+        tuned += [f"{title} {bucket}" for bucket in buckets]
+    provenance = {
+        "cpu": cpu_name(),
+        "target": str(target),
+        "made": time.strftime("%Y-%m-%d", time.gmtime()),
+        "trials_per_bucket": args.trials,
+        "trials_per_task": args.trials_per_task,
+        "hours": round((time.time() - started) / 3600, 2),
+        "buckets": tuned,
+    }
+    written = write_shipped(str(store / "tuning"), target, shipped_path(SHIPPED_DIR, key), provenance)
+    print(f"{written} records for {key} -> {shipped_path(SHIPPED_DIR, key).relative_to(REPO)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
