@@ -286,7 +286,9 @@ class TuningRun:
         confirmed = self._database(f"confirmed-{progress.tasks_tuned}")
         seconds = self._confirm_faster(mod, database, incumbent, confirmed)
         ran = max(knobs, len(database.get_all_tuning_records()))
-        merge_into_shared(self.database_dir, confirmed, {workload_key(mod): ran})
+        # The ledger counts the allowance: a knob search that ran out of candidates before it searched
+        # the whole task, and another run would measure the same ones again.
+        merge_into_shared(self.database_dir, confirmed, {workload_key(mod): max(ran, trials)})
         return ran, seconds
 
     def _metaschedule(self, task, trials: int, database, progress: Progress) -> None:
