@@ -68,3 +68,18 @@ def data_limit(_: object) -> int:
     import resource
 
     return resource.getrlimit(resource.RLIMIT_DATA)[0]
+
+
+def spin_with_a_helper(seconds: float) -> str:
+    """Busy for ``seconds`` here and in a process of its own (as tuning's builders are)."""
+    import subprocess
+    import sys
+
+    helper = subprocess.Popen(
+        [sys.executable, "-c", f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"]
+    )
+    end = time.time() + seconds
+    while time.time() < end:
+        pass
+    helper.wait()
+    return "done"

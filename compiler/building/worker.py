@@ -64,6 +64,34 @@ def watch_parent(parent_pid: int, interval: float = 0.5) -> threading.Thread:
     return thread
 
 
+@contextlib.contextmanager
+def children_paused():
+    """Every child ``run_in_child`` is waiting on, and the processes it started (tuning's builders and
+    runners), stopped while the block runs; yields how many were. An engine timed on shared cores beside a
+    compile is not timed fairly: TVM's threads wait at each parallel loop's barrier for the one a compile
+    displaced, so ResNet-50's kernel measured 48.9 ms beside a compile and 34.2 in the bench. A child
+    whose parent dies while it is stopped still dies: its parent-death signal is SIGKILL, which a stopped
+    process takes too."""
+    import psutil
+
+    with _running_lock:
+        pids = [process.pid for process in _running if process.pid is not None]
+    stopped: list[psutil.Process] = []
+    try:
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(pid)
+                for process in (root, *root.children(recursive=True)):
+                    with contextlib.suppress(psutil.Error):
+                        process.suspend()
+                        stopped.append(process)
+        yield len(stopped)
+    finally:
+        for process in reversed(stopped):
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+
+
 def _child_main(function_path: tuple[str, str], argument: Any, connection, parent_pid: int, memory_limit: int) -> None:
     die_with_parent(parent_pid)
     try:

@@ -110,6 +110,43 @@ def test_stop_children_ends_every_running_child_and_its_caller_goes_on():
     assert stop_children() == 0
 
 
+def test_children_paused_stops_every_child_and_its_own_processes_then_resumes_them():
+    """An engine is timed with the compiles stopped: the child and the processes it started are stopped
+    (no CPU time) within the block, and run again after it."""
+    import psutil
+
+    from compiler.building.worker import children_paused
+
+    result: list[str] = []
+    caller = threading.Thread(
+        target=lambda: result.append(run_in_child(child_functions.spin_with_a_helper, 4, timeout=60))
+    )
+    caller.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the child and its helper both started
+        with worker._running_lock:
+            pids = [p.pid for p in worker._running]
+        if pids and psutil.Process(pids[0]).children():
+            break
+        time.sleep(0.05)
+    child = psutil.Process(pids[0])
+    family = [child, *child.children(recursive=True)]
+    with children_paused() as paused:
+        assert paused == 2
+        stopping = time.monotonic() + 5  # SIGSTOP is delivered asynchronously
+        while {p.status() for p in family} != {psutil.STATUS_STOPPED} and time.monotonic() < stopping:
+            time.sleep(0.01)
+        assert {p.status() for p in family} == {psutil.STATUS_STOPPED}
+        before = [sum(p.cpu_times()[:2]) for p in family]
+        time.sleep(0.5)
+        assert [sum(p.cpu_times()[:2]) for p in family] == before
+    assert psutil.STATUS_STOPPED not in {p.status() for p in family}
+    caller.join(30)
+    assert result == ["done"]
+    with children_paused() as paused:  # nothing running: nothing to stop
+        assert paused == 0
+
+
 def test_the_child_kills_itself_when_its_parent_is_already_gone():
     # the parent-death signal can only be set once the child runs: a parent gone by then means exit at once
     with pytest.raises(CompileCrashedError, match="exited with status 1"):

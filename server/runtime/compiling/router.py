@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 
+from compiler.building.worker import children_paused
 from compiler.measuring.timing import median_latencies_ms, requests_per_second
 from compiler.running.arrays import random_inputs
 from compiler.running.engines import Engine
@@ -58,7 +59,8 @@ class Router:
         """
         inputs, engines = self._serving(served, bucket, kernels, served.planner.typical_request(bucket.bucket))
         timed = {"onnxruntime": served.ort, **engines}
-        latency = median_latencies_ms(timed, inputs, warmup=2, runs=self.settings.routing_runs)
+        with children_paused() as paused:  # other buckets' compiles and tuning wait: a fair measurement
+            latency = median_latencies_ms(timed, inputs, warmup=2, runs=self.settings.routing_runs)
         errors, refused = self._padding_gate(served, bucket, kernels)
         demoted = {e for e in kernels if bucket.key_for(e) in bucket.demoted}  # never again, whatever it measures
         allowed = ["onnxruntime"] + [e for e in kernels if e not in refused and e not in demoted]
@@ -69,9 +71,10 @@ class Router:
         elif concurrency >= 2 and len(allowed) > 1:
             # Requests arrive side by side: one request's latency would favour a kernel that uses
             # every core over ONNX Runtime sessions that serve callers in parallel.
-            throughput = requests_per_second(
-                {e: timed[e] for e in allowed}, inputs, concurrency=concurrency, runs=self.settings.routing_runs
-            )
+            with children_paused():
+                throughput = requests_per_second(
+                    {e: timed[e] for e in allowed}, inputs, concurrency=concurrency, runs=self.settings.routing_runs
+                )
             route = max(allowed, key=throughput.get)
         else:
             route = min(allowed, key=latency.get)
@@ -79,13 +82,14 @@ class Router:
         bucket.serve(route, latency, padded_error=errors, throughput_rps=throughput, reason=reason)
         self.metrics.compiles.record_routing(model=served.name, engine=route)
         log.info(
-            "routed %s %s to %s by %s (%s ms, %s req/s)",
+            "routed %s %s to %s by %s (%s ms, %s req/s; %d compile processes paused while timed)",
             served.name,
             bucket.label,
             route,
             bucket.routed_by,
             bucket.latency_ms,
             bucket.throughput_rps,
+            paused,
         )
         self.remember(served, bucket)
         return route
