@@ -95,9 +95,9 @@ def measure(candidates: list[KnobCandidate], target, builder, runner) -> None:
             candidate.seconds = sum(float(s) for s in result.run_secs) / len(result.run_secs)
 
 
-def search_knobs(mod, target, builder, runner, database, *, limit: int) -> int:
+def search_knobs(mod, target, builder, runner, database, *, limit: int) -> list[KnobCandidate]:
     """Measure ``mod``'s knob candidates (the combination of the winners too) and commit each into
-    ``database`` as a tuning record; returns how many were measured."""
+    ``database`` as a tuning record; returns them, measured."""
     func = mod["main"]
     candidates = knob_candidates(func, target, limit)
     measure(candidates, target, builder, runner)
@@ -111,4 +111,10 @@ def search_knobs(mod, target, builder, runner, database, *, limit: int) -> int:
         if candidate.seconds is not None:
             record = ms.database.TuningRecord(candidate.schedule.trace, workload, [candidate.seconds], target, args)
             database.commit_tuning_record(record)
-    return len(candidates)
+    return candidates
+
+
+def knobs_of(record, candidates: list[KnobCandidate]) -> dict[str, Knob] | None:
+    """The knobs of the candidate whose schedule ``record`` holds; None where none does (MetaSchedule's)."""
+    trace = str(record.trace)
+    return next((c.overrides for c in candidates if str(c.schedule.trace) == trace), None)

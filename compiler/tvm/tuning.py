@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import types
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax
@@ -29,7 +30,7 @@ from tvm.s_tir import meta_schedule as ms
 from ..errors import CompileError
 from ..measuring.tuning_plan import BUDGET_SPENT, TaskCost, confirmed_winner, plan_tuning
 from ..running.engines import TRANSFORM_PARAMS
-from .knob_search import search_knobs
+from .knob_search import knobs_of, search_knobs
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
 from .tuning_database import merge_into_shared, open_shared_database, read_trials, records_of, workload_key
@@ -163,25 +164,25 @@ class TuningRun:
         progress = Progress(self.progress_path, {cost.name: (cost.calls, cost.seconds) for cost in costs})
         progress.write()
         by_name = {task.task_name: task for task in tasks}
-        tuned: dict[str, tuple[int, float | None]] = {}  # task -> trials, its confirmed faster seconds
+        tuned: dict[str, TaskTuned] = {}
         left = trials
         for step in (step for step in plan if step.trials or step.reason == BUDGET_SPENT):
             given = min(trials_per_task - step.task.tuned_trials, left)
             if seconds is not None and tuned:  # as many as the time left holds at the pace so far
                 elapsed = time.perf_counter() - started
-                given = min(given, int((seconds - elapsed) / (elapsed / max(1, sum(n for n, _ in tuned.values())))))
+                given = min(given, int((seconds - elapsed) / (elapsed / max(1, sum(t.trials for t in tuned.values())))))
             if given < 1:
                 break
             tuned[step.task.name] = self._tune_task(by_name[step.task.name], given, progress)
-            left -= tuned[step.task.name][0]
+            left -= tuned[step.task.name].trials
         return {
             "tasks": len(tasks),
-            "trials": sum(n for n, _ in tuned.values()),
+            "trials": sum(t.trials for t in tuned.values()),
             "default_schedules": timed,
             "confirmations": self.confirmations,
             "tune_seconds": time.perf_counter() - started,
             "measured_on": self.measured_on,
-            "plan": [self._planned(step, *tuned.get(step.task.name, (0, None))) for step in plan],
+            "plan": [self._planned(step, tuned.get(step.task.name, TaskTuned())) for step in plan],
         }
 
     def _costs(self, tasks, kernel_times: dict) -> tuple[list[TaskCost], int]:
@@ -205,14 +206,16 @@ class TuningRun:
         return costs, sum(1 for value in measured if value is not None)
 
     @staticmethod
-    def _planned(step, trials: int, confirmed: float | None) -> dict:
+    def _planned(step, tuned: TaskTuned) -> dict:
         """A plan row as run: its trials, one call of its kernel before (the runner's µs) and, where a
-        candidate was confirmed faster, after."""
+        candidate was confirmed faster, after (and the knobs it turned, where it was a knob candidate)."""
         before = step.task.seconds
-        row = step.as_dict() | {"trials": trials, "default_us": round(before * 1e6, 1) if before else None}
-        if trials:  # tuned with the budget the tasks before it left
+        row = step.as_dict() | {"trials": tuned.trials, "default_us": round(before * 1e6, 1) if before else None}
+        if tuned.trials:  # tuned with the budget the tasks before it left
             row["reason"] = None
-        return row | ({"tuned_us": round(confirmed * 1e6, 1)} if confirmed else {})
+        if tuned.seconds:
+            row["tuned_us"] = round(tuned.seconds * 1e6, 1)
+        return row | ({"knobs": tuned.knobs} if tuned.knobs is not None else {})
 
     def _confirm_faster(self, mod, tuned, incumbent, confirmed) -> float | None:
         """Re-time ``tuned``'s fastest candidates for ``mod`` against ``incumbent`` (the record a compile
@@ -225,7 +228,10 @@ class TuningRun:
         for its default schedule, re-timed at 5.4 and ran 12% slower in the model. The confirmed record is
         committed at the incumbent's recorded time scaled by the ratio measured here, so the database orders
         the two as this side-by-side timing did."""
-        best = list(tuned.get_top_k(tuned.commit_workload(mod), CONFIRM_CANDIDATES))
+        # The incumbent's own schedule among them (a knob search measures the default too) is no contender.
+        same = str(incumbent.trace) if incumbent is not None else None
+        best = [r for r in tuned.get_top_k(tuned.commit_workload(mod), CONFIRM_CANDIDATES + 1) if str(r.trace) != same]
+        best = best[:CONFIRM_CANDIDATES]
         if not best:
             return None
         contenders = ([incumbent] if incumbent is not None else []) + best
@@ -268,17 +274,17 @@ class TuningRun:
         os.makedirs(directory)
         return ms.database.JSONDatabase(work_dir=directory)
 
-    def _tune_task(self, task, trials: int, progress: Progress) -> tuple[int, float | None]:
+    def _tune_task(self, task, trials: int, progress: Progress) -> TaskTuned:
         """Tune one task for ``trials``: the rules' knobs first (:mod:`.knob_search`), then MetaSchedule with
         what is left, where that is enough for a search; merge what ``_confirm_faster`` confirms into the
-        shared database. Returns the trials run and the confirmed kernel's seconds (None: none beat the
-        schedule it had)."""
+        shared database."""
         database = self._database(f"task-{progress.tasks_tuned}")
         mod = task.dispatched[0]
-        knobs = 0
+        candidates = []
         if self.target.kind.name == "llvm":  # the knobs are the CPU rules'
-            knobs = search_knobs(mod, self.target, self.builder, self.runner, database, limit=trials)
-            progress.measured(task.task_name, knobs, database, mod)
+            candidates = search_knobs(mod, self.target, self.builder, self.runner, database, limit=trials)
+            progress.measured(task.task_name, len(candidates), database, mod)
+        knobs = len(candidates)
         if trials - knobs >= MIN_METASCHEDULE_TRIALS:
             self._metaschedule(task, trials - knobs, database, progress)
         progress.tasks_tuned += 1
@@ -289,7 +295,8 @@ class TuningRun:
         # The ledger counts the allowance: a knob search that ran out of candidates before it searched
         # the whole task, and another run would measure the same ones again.
         merge_into_shared(self.database_dir, confirmed, {workload_key(mod): max(ran, trials)})
-        return ran, seconds
+        winner = next(iter(confirmed.get_all_tuning_records()), None)
+        return TaskTuned(ran, seconds, knobs_of(winner, candidates) if winner is not None else None)
 
     def _metaschedule(self, task, trials: int, database, progress: Progress) -> None:
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir=self.work_dir)
@@ -309,6 +316,16 @@ class TuningRun:
                 database=database,
                 measure_callbacks=callbacks,
             )
+
+
+@dataclass(frozen=True)
+class TaskTuned:
+    """What tuning one task came to: the trials it ran, the confirmed kernel's seconds and knobs (None
+    where none beat the schedule it had; knobs None too where MetaSchedule's candidate won)."""
+
+    trials: int = 0
+    seconds: float | None = None
+    knobs: dict | None = None
 
 
 MIN_METASCHEDULE_TRIALS = 16
