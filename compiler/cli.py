@@ -139,6 +139,7 @@ def _compile_context(args, settings, *, spinning: bool = True):
         seed=settings.verify_seed,
         timeout_seconds=getattr(args, "timeout", None) or settings.compile_timeout_seconds,
         memory_limit_bytes=settings.compile_memory_bytes,
+        shipped_tuning=settings.shipped_tuning,
     )
     store = KernelStore(args.store or settings.kernel_store_dir)
     return model, buckets, target, options, store

@@ -170,6 +170,7 @@ def compile_bucket(
                     tune_trials=options.tune_trials,
                     tune_trials_per_task=options.tune_trials_per_task,
                     database_dir=options.database_dir,
+                    shipped_tuning=options.shipped_tuning,
                     rpc_tracker=options.rpc_tracker,
                     rpc_key=options.rpc_key,
                     index_limits=model.index_bounds.limits,

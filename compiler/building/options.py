@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..shapes.buckets import Bucket
-from ..tvm import PIPELINE
+from ..tvm import PIPELINE, shipped_tuning_digest
 
 MAX_RTOL = 1.0
 """Past these a verification passes almost any kernel: a config or setting beyond them is refused."""
@@ -59,6 +59,11 @@ class CompileSettings(BaseSettings):
     """MetaSchedule trials for one task (fused kernel) at most: the server's tuning, and ``bench
     --tune-trials``. Tasks are tuned in the order of what they lose to ONNX Runtime."""
 
+    shipped_tuning: bool = True
+    """Apply the tuning database shipped with the compiler (``compiler/tuning_db``), where it has records
+    for this CPU's vector ISA and core count: a model whose kernels match workloads tuned on the project's
+    machines is served tuned at its first compile. Off: only the rules and this data dir's own tuning."""
+
     openvino: bool = True
     """Build OpenVINO (where the ``openvino`` package is installed) for each static CPU bucket that is
     compiled (the server) or benchmarked (``python -m compiler bench``), verify it against ONNX Runtime,
@@ -83,6 +88,7 @@ class CompileOptions(BaseModel):
     tune_trials: int = Field(0, ge=0, description="MetaSchedule trials for this bucket (0: no tuning)")
     tune_trials_per_task: int = Field(64, ge=1, description="MetaSchedule trials per task at most")
     database_dir: str | None = Field(None, description="shared tuning database, applied at every compile")
+    shipped_tuning: bool = Field(True, description="apply the shipped tuning database for the CPU's ISA and cores")
     rpc_tracker: str | None = Field(None, description="host:port of a TVM RPC tracker measuring tuning candidates")
     rpc_key: str = Field("jitserve", description="device key of the tracker's RPC servers")
     nice: int = Field(0, ge=0, le=19, description="niceness added to the compile child: below serving")
@@ -115,6 +121,8 @@ class CompileOptions(BaseModel):
         }
         if self.tune_trials:
             key["tune"] = [self.tune_trials, self.tune_trials_per_task]
+        if self.shipped_tuning:  # its records choose schedules: a new release's file, new kernels
+            key["shipped_tuning"] = shipped_tuning_digest()
         return key
 
 
@@ -139,6 +147,7 @@ class BuildJob:
     tune_trials: int = 0
     tune_trials_per_task: int = 64
     database_dir: str | None = None
+    shipped_tuning: bool = True
     rpc_tracker: str | None = None
     """``host:port`` of the TVM RPC tracker whose servers measure tuning candidates (None: this machine)."""
     rpc_key: str = "jitserve"

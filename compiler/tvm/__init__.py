@@ -3,8 +3,16 @@ Relax pipeline, the schedule rules, MetaSchedule and onnxsim. Its modules run
 in the compile child; importing this package itself loads no TVM.
 
 The two constants below are the pipeline's identity in every artifact key:
-a kernel built by a different pipeline is a different artifact.
+a kernel built by a different pipeline is a different artifact; so is one
+scheduled by another release of the shipped tuning database.
 """
+
+import functools
+import hashlib
+from pathlib import Path
+
+SHIPPED_TUNING_DIR = Path(__file__).resolve().parents[1] / "tuning_db"
+"""The tuning database shipped with the compiler: one file per vector ISA and core count."""
 
 # The named stages of pipeline.py, in order.
 PIPELINE = "layout+fuse+tuning-records+default-schedules"
@@ -33,5 +41,16 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # unblocked model's matmul whose columns fill no whole vectors reads its weight from panels; 33: every
 # matmul by a static weight reads it from panels, an unblocked model's too; 34: channels padded to
 # whole blocks, every conv of a blocked model blocked; a strided conv of narrow groups runs block-wide;
-# 35: the lifted weight transform split into one function per transformed weight, each with its digest).
-COMPILER_VERSION = "35"
+# 35: the lifted weight transform split into one function per transformed weight, each with its digest;
+# 36: the rules' choices read through knobs, which tuning turns).
+COMPILER_VERSION = "36"
+
+
+@functools.cache
+def shipped_tuning_digest() -> str:
+    """sha256 of the shipped tuning database's files (names and contents); empty where it holds none."""
+    files = sorted(SHIPPED_TUNING_DIR.glob("*.json.gz")) if SHIPPED_TUNING_DIR.is_dir() else []
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16] if files else ""

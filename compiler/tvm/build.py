@@ -33,7 +33,7 @@ from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
 from .tuning import tune
-from .tuning_database import open_shared_database
+from .tuning_database import SHIPPED_DIR, open_shared_database
 
 
 def specialize(model: onnx.ModelProto, bucket: dict[str, tuple], simplify: bool) -> tuple[onnx.ModelProto, bool]:
@@ -177,6 +177,7 @@ def build_and_verify(job: BuildJob) -> dict:
             rpc=(job.rpc_tracker, job.rpc_key) if job.rpc_tracker else None,
             kernel_times=job.kernel_times,
             seconds=job.tune_seconds,
+            shipped_dir=SHIPPED_DIR if job.shipped_tuning else None,
         )
         clock.lap("tune")
     pipeline_stages: dict[str, float] = {}
@@ -186,7 +187,8 @@ def build_and_verify(job: BuildJob) -> dict:
         for name, sizes in (job.verify_sizes or {}).items()
         if sizes
     }
-    database = open_shared_database(job.database_dir, tvm.target.Target(job.target))  # and the shipped records
+    shipped = SHIPPED_DIR if job.shipped_tuning else None
+    database = open_shared_database(job.database_dir, tvm.target.Target(job.target), shipped_dir=shipped)
     recorder = StageRecorder(mod) if job.explain_dir else None
     executable = compile_relax(
         mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder

@@ -33,7 +33,7 @@ from ..running.engines import TRANSFORM_PARAMS
 from .knob_search import knobs_of, search_knobs
 from .pipeline import tuned_module_passes
 from .schedules import default_cpu_rules
-from .tuning_database import merge_into_shared, open_shared_database, read_trials, records_of, workload_key
+from .tuning_database import SHIPPED_DIR, merge_into_shared, open_shared_database, read_trials, records_of, workload_key
 
 RPC_SESSION_SECONDS = 120
 """One candidate's measurement over RPC (upload, load, run) may take this long."""
@@ -113,6 +113,7 @@ def tune(
     rpc: tuple[str, str] | None = None,
     kernel_times: dict[str, tuple[float | None, float | None]] | None = None,
     seconds: float | None = None,
+    shipped_dir=SHIPPED_DIR,
 ) -> dict:
     """Tune the fused module's tasks that lose most (:mod:`compiler.measuring.tuning_plan`), one at a time, each
     merged into the shared database as it ends. With ``rpc`` (tracker ``host:port``, device key) the
@@ -128,7 +129,7 @@ def tune(
         os.nice(19)
     work_dir = tempfile.mkdtemp(prefix="jitserve-tune-")
     try:
-        run = TuningRun(target_dict, database_dir, work_dir, rpc, progress_path)
+        run = TuningRun(target_dict, database_dir, work_dir, rpc, progress_path, shipped_dir=shipped_dir)
         return run.tune(mod, trials, trials_per_task, kernel_times or {}, seconds)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -138,7 +139,14 @@ class TuningRun:
     """One bucket's tuning: its tasks timed with their default schedules, ranked, tuned in that order."""
 
     def __init__(
-        self, target_dict: dict, database_dir: str, work_dir: str, rpc: tuple[str, str] | None, progress_path
+        self,
+        target_dict: dict,
+        database_dir: str,
+        work_dir: str,
+        rpc: tuple[str, str] | None,
+        progress_path,
+        *,
+        shipped_dir=SHIPPED_DIR,
     ) -> None:
         # MetaSchedule logs every iteration to stdout, where the CLI prints its results: warnings
         # only, and to stderr (its per-task logs go to the work dir).
@@ -146,6 +154,7 @@ class TuningRun:
         register_tensor_intrinsics(target_dict)
         self.target = tvm.target.Target(target_dict)
         self.database_dir = database_dir
+        self.shipped_dir = shipped_dir
         self.work_dir = work_dir
         self.builder = ms.builder.LocalBuilder(f_build=build_without_tensor_intrinsics, max_workers=1, timeout_sec=120)
         self.runner, self.measured_on = make_runner(rpc)
@@ -189,7 +198,7 @@ class TuningRun:
         """Each task's cost, and how many default schedules were timed for it. A task the shared database
         holds records for is timed by its fastest; the others with their default schedules, recorded so
         that a tuned kernel is never slower than the untuned one, task by task."""
-        shared = open_shared_database(self.database_dir, self.target)
+        shared = self._shared()
         ledger = read_trials(self.database_dir)
         known = [records_of(shared, task.dispatched[0], self.target) for task in tasks]
         untimed = [task for task, records in zip(tasks, known, strict=True) if not records]
@@ -269,6 +278,10 @@ class TuningRun:
                     times[i] += [float(seconds) for seconds in result.run_secs]
         return {i: sorted(t)[len(t) // 2] for i, t in times.items() if t}
 
+    def _shared(self):
+        """The shared database as it stands now, with the shipped records (where they are applied)."""
+        return open_shared_database(self.database_dir, self.target, shipped_dir=self.shipped_dir)
+
     def _database(self, name: str):
         directory = os.path.join(self.work_dir, name)
         os.makedirs(directory)
@@ -288,7 +301,7 @@ class TuningRun:
         if trials - knobs >= MIN_METASCHEDULE_TRIALS:
             self._metaschedule(task, trials - knobs, database, progress)
         progress.tasks_tuned += 1
-        incumbent = next(iter(records_of(open_shared_database(self.database_dir, self.target), mod, self.target)), None)
+        incumbent = next(iter(records_of(self._shared(), mod, self.target)), None)
         confirmed = self._database(f"confirmed-{progress.tasks_tuned}")
         seconds = self._confirm_faster(mod, database, incumbent, confirmed)
         ran = max(knobs, len(database.get_all_tuning_records()))

@@ -27,9 +27,11 @@ from pathlib import Path
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
+from . import SHIPPED_TUNING_DIR
+
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "tuning_db"
+SHIPPED_DIR = SHIPPED_TUNING_DIR
 TRIALS = "trials.json"
 """Trials spent on each workload (by structural hash), whatever came of them: a workload tuned before is
 not tuned again, while the database keeps only the candidates confirmed faster."""

@@ -50,6 +50,7 @@ def compile_options(settings: Settings, config: ModelConfig, database_dir: Path)
         timeout_seconds=settings.compile_timeout_seconds,
         memory_limit_bytes=settings.compile_memory_bytes,
         database_dir=str(database_dir),
+        shipped_tuning=settings.shipped_tuning,
         nice=settings.compile_nice,
         idle_priority=settings.compile_idle_priority,
         explain=settings.explain_bundles,
