@@ -106,14 +106,16 @@ def _torchvision_model(builder: str, kwargs: dict):
     return module(weights=None, **kwargs).eval()
 
 
-def _export_torchscript(torch, model, shape: tuple[int, ...], partial: Path) -> None:
+def _export_torchscript(
+    torch, model, shape: tuple[int, ...], partial: Path, names: tuple[str, str] = ("x", "y")
+) -> None:
     torch.onnx.export(
         model,
         (torch.randn(*shape),),
         str(partial),
-        input_names=["x"],
-        output_names=["y"],
-        dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+        input_names=[names[0]],
+        output_names=[names[1]],
+        dynamic_axes={names[0]: {0: "batch"}, names[1]: {0: "batch"}},
         opset_version=17,
         dynamo=False,
     )
@@ -183,16 +185,7 @@ def _export_whisper_encoder(partial: Path) -> None:
             return self.encoder(input_features).last_hidden_state
 
     shape = TRANSFORMERS["whisper_tiny_encoder"][1]["input_features"]
-    torch.onnx.export(
-        Encoder().eval(),
-        (torch.randn(*shape),),
-        str(partial),
-        input_names=["input_features"],
-        output_names=["hidden"],
-        dynamic_axes={"input_features": {0: "batch"}, "hidden": {0: "batch"}},
-        opset_version=17,
-        dynamo=False,
-    )
+    _export_torchscript(torch, Encoder().eval(), shape, partial, names=("input_features", "hidden"))
 
 
 def _export_dynamo(torch, model, name: str, outputs: list[str], partial: Path) -> None:
