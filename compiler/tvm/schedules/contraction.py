@@ -59,6 +59,9 @@ from .register_tile import (
 # row instead: half of a 512 KB L2 (EfficientNet's 32-channel 112x112 depthwise conv, 416 KB a block:
 # 0.125 -> 0.086 ms per row; 108 KB ones ran 10-25% slower per row; AMD EPYC Zen 3, AVX2).
 PER_CHANNEL_PAD_BYTES = 256 * 1024
+# Whole vectors a vectorized axis must span before its ragged tail is padded away rather than computed in
+# half vectors: at 8 the padding wastes at most 1/16 of the work.
+PAD_TO_WHOLE_VECTORS_MIN = 8
 
 
 class Contraction(SafeRule):
@@ -188,8 +191,11 @@ class ContractionPlan:
         symbolic_vec = info.vec in info.symbolic
         symbolic_reg = info.reg is not None and info.reg in info.symbolic
         ragged = not symbolic_vec and n > lanes and whole_vector_tile(n, lanes) is None
-        # An axis that half vectors divide (ShuffleNet's 14x14 maps: 196) may be padded to whole ones.
-        ragged = bool(choose("contraction.pad_lanes", ragged, (True,) if not symbolic_vec and n % lanes else ()))
+        # A long axis only half vectors divide (ShuffleNet's 14x14 maps: 196 columns) is padded to whole ones
+        # too: its 1x1 conv ran 295 us in half vectors and 167 padded to 200 (AMD EPYC Zen 3, AVX2).
+        half_vectors = not symbolic_vec and n >= PAD_TO_WHOLE_VECTORS_MIN * lanes and n % lanes != 0
+        alternatives = (True, False) if not symbolic_vec and n % lanes else ()
+        ragged = bool(choose("contraction.pad_lanes", ragged or half_vectors, alternatives))
         rows = padded_rows(info, lanes, unit.accumulators)
         if not (symbolic_vec or symbolic_reg or ragged or rows):
             return True
