@@ -42,7 +42,8 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # matmul by a static weight reads it from panels, an unblocked model's too; 34: channels padded to
 # whole blocks, every conv of a blocked model blocked; a strided conv of narrow groups runs block-wide;
 # 35: the lifted weight transform split into one function per transformed weight, each with its digest;
-# 36: the rules' choices read through knobs, which tuning turns).
+# 36: the rules' choices read through knobs, which tuning turns; a long vector axis only half vectors
+# divide padded to whole ones; a conv1d runs as a conv2d one row high).
 COMPILER_VERSION = "36"
 
 

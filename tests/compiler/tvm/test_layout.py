@@ -308,3 +308,37 @@ def test_a_weight_read_by_two_matmuls_is_packed_once(tmp_path):
     assert pool.total_bytes == 64 * 64 * 4 == (64 // width) * 64 * width * 4  # one set of panels, no raw copy
     x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
     np.testing.assert_allclose(engine.run({"x": x})["y"], np.tanh(x @ shared) @ shared, rtol=1e-4, atol=1e-5)
+
+
+def _conv1d_stem_model() -> bytes:
+    """Whisper's audio stem, narrowed: a 3-tap conv1d, then a stride-2 one, and a dilated grouped one with
+    uneven padding; a symbolic batch."""
+    rng = np.random.default_rng(11)
+    weights = {
+        "w1": rng.standard_normal((16, 8, 3)).astype(np.float32) * 0.3,
+        "w2": rng.standard_normal((16, 16, 3)).astype(np.float32) * 0.3,
+        "w3": rng.standard_normal((16, 8, 3)).astype(np.float32) * 0.3,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1]),
+        helper.make_node("Conv", ["a", "w2"], ["b"], pads=[1, 1], strides=[2]),
+        helper.make_node("Conv", ["b", "w3"], ["y"], pads=[2, 1], dilations=[2], group=2),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv1d_stem",
+        [value("x", "float32", ["batch", 8, 60])],
+        [value("y", "float32", ["batch", 16, None])],
+        [numpy_helper.from_array(w, name) for name, w in weights.items()],
+    )
+    return make_model(graph).SerializeToString()
+
+
+def test_a_conv1d_runs_as_a_conv2d_one_row_high_and_verifies(tmp_path):
+    """No conv1d is left for the rules (they have no kernel of their own for it); strides, dilation,
+    groups and uneven padding carry over, checked against ONNX Runtime."""
+    model, bucket = _conv1d_stem_model(), {"x": (2, 8, 60)}
+    ops = [call.op.name for call in _calls_after_layout(model, bucket)]
+    assert "relax.nn.conv1d" not in ops and ops.count("relax.nn.conv2d") == 3, ops
+    manifest = compile_bucket(load_model(model, max_bytes=1 << 22), bucket, TARGET, KernelStore(tmp_path)).manifest
+    assert manifest.verified, manifest.verification
