@@ -5,10 +5,13 @@
 
 Tunes each bucket of the bench table (``loadtest/bench_table.py``; ``make zoo`` exports the zoo) with
 ``python -m compiler bench --tune-trials N``, one process per model, all sharing one tuning database
-under ``.cache/tune-db/<isa>``: a task two models share is tuned once. Then writes the records tuning
-improved (a confirmed winner over the rules' default schedule) to ``compiler/tuning_db/<isa>.json.gz``,
-with their provenance: the CPU, its ISA and cores, the date, the trials and the models. A compile on a
-machine of the same ISA and core count applies them at its first compile; other machines ignore them.
+under ``.cache/tune-db/<isa>``: a task two models share is tuned once. Then writes the records
+tuning improved (a confirmed winner over the rules' default schedule) to
+``compiler/tuning_db/<isa>.json.gz``, with their provenance: the CPU, its ISA and cores, the date, the
+trials and the buckets. A model's records are kept only where its tuned kernel ran faster than its untuned
+one in the model, side by side in the same process (by ``MIN_MODEL_GAIN``): a kernel confirmed faster
+alone, cold, may still slow the model it runs in. A compile on a machine of the same ISA and core count
+applies them at its first compile; other machines ignore them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from loadtest.bench_table import MODELS, BenchFailed, cpu_name, model_path  # noqa: E402
 
+MIN_MODEL_GAIN = 0.03
+"""A model's tuned kernel must run this much faster than its untuned one for its records to ship."""
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,7 +44,7 @@ def main() -> int:
     import tvm
 
     from compiler.building.target import resolve_target
-    from compiler.tvm.tuning_database import SHIPPED_DIR, isa_key, shipped_path, write_shipped
+    from compiler.tvm.tuning_database import SHIPPED_DIR, improved_workloads, isa_key, shipped_path, write_shipped
 
     target = tvm.target.Target(resolve_target("llvm"))
     key = isa_key(target)
@@ -46,6 +52,7 @@ def main() -> int:
         raise SystemExit(f"no shipped database for this target: {target}")
     store = REPO / ".cache" / "tune-db" / key
     tuned: list[str] = []
+    kept: set[int] = set()
     started = time.time()
     for title in args.models:
         file, shapes = MODELS[title]
@@ -54,15 +61,23 @@ def main() -> int:
         command = [sys.executable, "-m", "compiler", "bench", str(path), "--store", str(store), "--runs", "5"]
         command += ["--tune-trials", str(args.trials), "--tune-trials-per-task", str(args.trials_per_task)]
         command += [arg for bucket in buckets for shape in bucket.split(";") for arg in ("--shape", shape)]
+        before = improved_workloads(str(store / "tuning"))
         done = subprocess.run(command, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(f"{title}: {BenchFailed(done.stderr.strip().splitlines()[-1:])}", file=sys.stderr, flush=True)
             continue
-        for line in done.stdout.splitlines():
-            row = json.loads(line)
-            print(json.dumps({"model": title, **{k: row.get(k) for k in ("bucket", "ort_ms", "openvino_ms",
-                  "tvm_ms", "tvm_tuned_ms", "ratio_vs_peer", "tune_seconds", "tune_trials")}}), flush=True)  # fmt: skip
-        tuned += [f"{title} {bucket}" for bucket in buckets]
+        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        faster = bool(rows) and all(
+            row.get("tvm_tuned_ms") and row["tvm_tuned_ms"] < row["tvm_ms"] * (1 - MIN_MODEL_GAIN) for row in rows
+        )
+        added = {key for key, trace in improved_workloads(str(store / "tuning")).items() if before.get(key) != trace}
+        if faster:
+            kept |= added
+            tuned += [f"{title} {bucket}" for bucket in buckets]
+        for row in rows:
+            print(json.dumps({"model": title, "records_kept": len(added) if faster else 0, **{k: row.get(k) for k in (
+                "bucket", "ort_ms", "openvino_ms", "tvm_ms", "tvm_tuned_ms", "ratio_vs_peer", "tune_seconds",
+                "tune_trials")}}), flush=True)  # fmt: skip
     provenance = {
         "cpu": cpu_name(),
         "target": str(target),
@@ -72,7 +87,7 @@ def main() -> int:
         "hours": round((time.time() - started) / 3600, 2),
         "buckets": tuned,
     }
-    written = write_shipped(str(store / "tuning"), target, shipped_path(SHIPPED_DIR, key), provenance)
+    written = write_shipped(str(store / "tuning"), target, shipped_path(SHIPPED_DIR, key), provenance, keep=kept)
     print(f"{written} records for {key} -> {shipped_path(SHIPPED_DIR, key).relative_to(REPO)}", file=sys.stderr)
     return 0
 

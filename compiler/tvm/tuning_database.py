@@ -106,9 +106,28 @@ def _copy_shipped(shipped_dir: Path, target, destination) -> int:
     return len(shipped["records"])
 
 
-def write_shipped(directory: str, target, path: Path, provenance: dict) -> int:
+def improved_workloads(directory: str) -> dict[int, str]:
+    """Each workload of the shared database in ``directory`` that tuning improved (it holds more than the
+    default schedule's record): its structural hash -> its fastest record's trace, as text."""
+    path = Path(directory)
+    if not (path / WORKLOADS).is_file():
+        return {}
+    with _locked(path, exclusive=False):
+        database = ms.database.JSONDatabase(
+            path_workload=str(path / WORKLOADS), path_tuning_record=str(path / RECORDS), allow_missing=False
+        )
+        improved = {}
+        for workload in _workloads(database):
+            top = database.get_top_k(workload, 2)  # a JSON database reserves room for k: not 1 << 30
+            if len(top) >= 2:
+                improved[int(tvm_ffi.structural_hash(workload.mod))] = str(top[0].trace)
+        return improved
+
+
+def write_shipped(directory: str, target, path: Path, provenance: dict, keep: set[int] | None = None) -> int:
     """The fastest record of each workload of the shared database in ``directory`` that tuning improved
-    (it holds more than the default schedule's), written to ``path`` for ``target``'s ISA; returns how many."""
+    (those in ``keep`` alone, by structural hash, where given), written to ``path`` for ``target``'s ISA;
+    returns how many."""
     with _locked(Path(directory), exclusive=False):
         database = ms.database.JSONDatabase(
             path_workload=str(Path(directory) / WORKLOADS),
@@ -117,8 +136,10 @@ def write_shipped(directory: str, target, path: Path, provenance: dict) -> int:
         )
         workloads, records = [], []
         for workload in _workloads(database):
-            top = database.get_top_k(workload, 2)  # a JSON database reserves room for k: not 1 << 30
+            top = database.get_top_k(workload, 2)
             if len(top) < 2 or str(top[0].target) != str(target):
+                continue
+            if keep is not None and int(tvm_ffi.structural_hash(workload.mod)) not in keep:
                 continue
             records.append([len(workloads), top[0].as_json()])
             workloads.append(workload.as_json())
