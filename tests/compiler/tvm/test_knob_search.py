@@ -114,6 +114,7 @@ def shipped_database(tmp_path, target_dict: dict):
     merge_into_shared(str(tmp_path / "tuning"), database)
     shipped = tmp_path / "shipped"
     path = shipped_path(shipped, isa_key(target))
+    assert write_shipped(str(tmp_path / "tuning"), target, path, {"cpu": "test"}, keep=set()) == 0  # none kept
     assert write_shipped(str(tmp_path / "tuning"), target, path, {"cpu": "test"}) == 1
     return mod, shipped
 
