@@ -33,5 +33,6 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # unblocked model's matmul whose columns fill no whole vectors reads its weight from panels; 33: every
 # matmul by a static weight reads it from panels, an unblocked model's too; 34: channels padded to
 # whole blocks, every conv of a blocked model blocked; a strided conv of narrow groups runs block-wide;
-# 35: the lifted weight transform split into one function per transformed weight, each with its digest).
-COMPILER_VERSION = "35"
+# 35: the lifted weight transform split into one function per transformed weight, each with its digest;
+# 36: a pool over a map shorter than its window computed as ONNX Runtime does, one output, not none).
+COMPILER_VERSION = "36"

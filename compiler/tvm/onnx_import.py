@@ -11,6 +11,8 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
+from ..shapes.buckets import dim_range, dim_step
+
 
 class Importer(ONNXGraphImporter):
     """TVM's ONNX importer, where a symbolic dim must stay exact through every op, and which records
@@ -38,6 +40,8 @@ class Importer(ONNXGraphImporter):
             result = self.bb.normalize(counted)
         elif op_name == "Reshape":
             result = _scalar_as_shape(inputs)
+        elif op_name in ("MaxPool", "AveragePool"):
+            result = self._pool_past_a_short_map(op_name, inputs, attrs, opset)
         if result is None:
             result = super()._convert_operator(op_name, inputs, attrs, opset)
         index = len(self.converted)
@@ -74,6 +78,46 @@ class Importer(ONNXGraphImporter):
                 result = op(operand, relax.const(bound, dtype))
         return result  # the last op unbound: _bind names it after the node
 
+    def _pool_past_a_short_map(self, op_name: str, inputs: list, attrs: dict, opset: int) -> relax.Expr | None:
+        """A pool whose map may be shorter than its window (PP-OCR cls's last 2x2 MaxPool over a map one
+        row high, at input heights 17..32), as ONNX Runtime computes it: one output there, over the part of
+        the window on the map. TVM, as the ONNX spec, counts ``floor((size + pads - window) / stride) + 1``
+        outputs, none for that map, and the GlobalAveragePool after it averaged nothing: NaN. ONNX Runtime
+        divides in C++ (toward zero) and clips the window. Here the map is padded at its end up to the
+        window (pads count for nothing in a max, nor in an average without ``count_include_pad``), and a
+        symbolic map's extra outputs at larger sizes are cut off. ``None`` for any other pool."""
+        auto_pad = attrs.get("auto_pad", b"NOTSET")
+        if attrs.get("ceil_mode", 0) or (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) != "NOTSET":
+            return None
+        if op_name == "AveragePool" and attrs.get("count_include_pad", 0):
+            return None
+        shape = getattr(inputs[0].ty, "shape", None)
+        if shape is None or not isinstance(shape, relax.ShapeExpr) or "kernel_shape" not in attrs:
+            return None
+        kernel = list(attrs["kernel_shape"])
+        rank = len(kernel)
+        strides = list(attrs.get("strides", [1] * rank))
+        dilations = list(attrs.get("dilations", [1] * rank))
+        pads = list(attrs.get("pads", [0] * 2 * rank))
+        spatial = list(shape.values)[2:]
+        # How far the last window may start past the map's first: negative where the map is shorter.
+        reach = [size + pads[i] + pads[rank + i] - dilations[i] * (kernel[i] - 1) - 1 for i, size in enumerate(spatial)]
+        short = [max(0, -_smallest(r)) for r in reach]
+        if not any(short):
+            return None
+        widened = dict(attrs, pads=[*pads[:rank], *(p + s for p, s in zip(pads[rank:], short, strict=True))])
+        pooled = self.bb.emit(super()._convert_operator(op_name, inputs[:1], widened, opset))
+        wanted = [tvm.tirx.Max(r, tvm.tirx.IntImm("int64", 0)) // s + 1 for r, s in zip(reach, strides, strict=True)]
+        analyzer = tvm.sym.Analyzer()
+        cut = [i for i, (have, want) in enumerate(zip(pooled.ty.shape.values[2:], wanted, strict=True))
+               if short[i] and not analyzer.can_prove_equal(have, want)]  # fmt: skip
+        if not cut:
+            return pooled
+        ends = [wanted[i] for i in cut]
+        return self.bb.normalize(
+            relax.op.strided_slice(pooled, [2 + i for i in cut], [0] * len(cut), ends, assume_inbound=True)
+        )
+
     def _parse_value_proto(self, value_proto):
         # An unnamed node is known by its first output, as :func:`compiler.measuring.profile.named_nodes` names it for
         # ONNX Runtime's profile: the two sides join on these names.
@@ -97,6 +141,19 @@ class Importer(ONNXGraphImporter):
             return super()._convert_subgraph(bb, graph)
         finally:
             self._subgraphs -= 1
+
+
+def _smallest(size) -> int:
+    """A shape expression's smallest value over its dims' ranges: a bucket's symbolic dim is named with
+    its range (``x:2@17..64``, a stepped one's var counts steps); a dim named without one is at least 1."""
+    size = tvm.tirx.IntImm("int64", size) if isinstance(size, int) else size
+    analyzer = tvm.sym.Analyzer()
+    for var in tvm.tirx.analysis.undefined_vars(size):
+        step = dim_step(var.name)
+        low, high = dim_range(var.name) or (1, 1 << 40)
+        low, high = max(-(-low // step), 1), max(high // step, 1)
+        analyzer.bind(var, tvm.ir.Range.from_min_extent(low, high - low + 1))
+    return int(analyzer.const_int_bound(size).min_value)
 
 
 def _identifier(op_type: str) -> str:

@@ -1,0 +1,66 @@
+"""Ops whose shapes over a symbolic dim TVM's ONNX frontend gets wrong, imported as ONNX Runtime runs them
+(``compiler/tvm/onnx_import.py``): a pool over a map shorter than its window. Tiny models, real compiles,
+checked against ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from compiler.building.build import compile_bucket, open_kernel
+from compiler.building.target import resolve_target
+from compiler.models.model import load_model
+from compiler.running.engines import OrtEngine
+from compiler.storage.store import KernelStore
+from tests.synthetic import make_model, value
+
+TARGET = resolve_target("llvm")
+
+
+@pytest.fixture
+def store(tmp_path):
+    return KernelStore(tmp_path / "kernels")
+
+
+def pool_model(op: str) -> bytes:
+    """A 2x2, stride-2 pool then a global average over x[1, 4, h, 10]: PP-OCR cls's head, whose map is one
+    row high at input heights 17..32."""
+    nodes = [
+        helper.make_node(op, ["x"], ["pooled"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["pooled"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "pool", [value("x", "float32", [1, 4, "h", 10])], [value("y", "float32", [1, None, None, None])]
+    )
+    return make_model(graph).SerializeToString()
+
+
+def _matches_onnxruntime(kernel, reference, heights, width: int) -> None:
+    for h in heights:
+        x = {"x": np.random.default_rng(h).standard_normal((1, 4, h, width)).astype(np.float32)}
+        want = reference.run(x)["y"]
+        assert np.isfinite(want).all()
+        np.testing.assert_allclose(kernel.run(x)["y"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op", "bucket"),
+    [
+        ("MaxPool", {"x": (1, 4, "h@1..24", 10)}),
+        ("AveragePool", {"x": (1, 4, "h@1..24", 10)}),
+        ("MaxPool", {"x": (1, 4, 1, 10)}),
+    ],
+    ids=["max-dynamic", "average-dynamic", "max-static"],
+)
+def test_a_pool_over_a_map_shorter_than_its_window_answers_as_onnxruntime(store, op, bucket):
+    """At h = 1 ONNX Runtime pools the one row (its output size divides toward zero, its window is
+    clipped); TVM's floor division left no row, and the average over none was NaN."""
+    data = pool_model(op)
+    model = load_model(data, max_bytes=1 << 20)
+    symbolic = isinstance(bucket["x"][2], str)
+    sizes = {"h@1..24": [1, 2, 3, 24]} if symbolic else None
+    outcome = compile_bucket(model, bucket, TARGET, store, verify_sizes=sizes)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    kernel = open_kernel(model, outcome, store)
+    _matches_onnxruntime(kernel, OrtEngine(data), [1, 5, 17] if symbolic else [1], 10)
