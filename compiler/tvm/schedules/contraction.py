@@ -43,7 +43,7 @@ from .contraction_analysis import main_contraction, plain_iters
 from .flat_map import flatten_pointwise_map
 from .gates import epilogues, mark_broadcast, stages_after
 from .groups import split_group_blocks
-from .pads import packed_pad_row, pad_per_channel, schedule_pad_stage
+from .pads import bounded_plainly, packed_pad_row, pad_per_channel, schedule_pad_stage
 from .panel import packable_operand, panel_axes
 from .register_tile import (
     ContractionInfo,
@@ -434,8 +434,11 @@ class LoopNest:
                 pad_per_channel(trial, trial.get_sblock(name), pad_at, lanes, decompose=decompose)
             except s_tir.schedule.ScheduleError:
                 schedule_pad_stage(sch, sch.get_sblock(name), lanes)
-            else:
+                continue
+            if bounded_plainly(trial, name):
                 sch = trial
+            else:
+                schedule_pad_stage(sch, sch.get_sblock(name), lanes)
         return sch
 
 
