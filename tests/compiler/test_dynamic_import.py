@@ -1,12 +1,12 @@
 """Ops whose shapes over a symbolic dim TVM's ONNX frontend gets wrong, imported as ONNX Runtime runs them
-(``compiler/tvm/onnx_import.py``): a pool over a map shorter than its window. Tiny models, real compiles,
-checked against ONNX Runtime."""
+(``compiler/tvm/onnx_import.py``): a pool over a map shorter than its window, and a Concat of two levels
+whose dims agree at some sizes only. Tiny models, real compiles, checked against ONNX Runtime."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from compiler.building.build import compile_bucket, open_kernel
 from compiler.building.target import resolve_target
@@ -34,6 +34,32 @@ def pool_model(op: str) -> bytes:
         nodes, "pool", [value("x", "float32", [1, 4, "h", 10])], [value("y", "float32", [1, None, None, None])]
     )
     return make_model(graph).SerializeToString()
+
+
+def concat_levels_model() -> bytes:
+    """Two stride-2 convs over x[1, 4, h, 8], the deeper map upsampled 2x and joined to the shallower one by
+    channel: the two maps are as high only where ``(h - 1) // 2`` is odd (ONNX Runtime refuses other h)."""
+    rng = np.random.default_rng(11)
+
+    def weight(name: str, shape: tuple[int, ...]):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    conv = {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], **conv),
+        helper.make_node("Conv", ["c1", "w2"], ["c2"], **conv),
+        helper.make_node("Resize", ["c2", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Concat", ["up", "c1"], ["joined"], axis=1),
+        helper.make_node("Conv", ["joined", "w3"], ["y"], kernel_shape=[1, 1]),
+    ]
+    initializer = [
+        weight("w1", (4, 4, 3, 3)),
+        weight("w2", (4, 4, 3, 3)),
+        weight("w3", (2, 8, 1, 1)),
+        numpy_helper.from_array(np.array([1, 1, 2, 1], np.float32), "scales"),
+    ]
+    inputs, outputs = [value("x", "float32", [1, 4, "h", 8])], [value("y", "float32", [1, None, None, None])]
+    return make_model(helper.make_graph(nodes, "levels", inputs, outputs, initializer)).SerializeToString()
 
 
 def _matches_onnxruntime(kernel, reference, heights, width: int) -> None:
@@ -64,3 +90,20 @@ def test_a_pool_over_a_map_shorter_than_its_window_answers_as_onnxruntime(store,
     assert outcome.manifest.verified is True, outcome.manifest.verification
     kernel = open_kernel(model, outcome, store)
     _matches_onnxruntime(kernel, OrtEngine(data), [1, 5, 17] if symbolic else [1], 10)
+
+
+def test_a_concat_of_levels_that_agree_at_some_heights_imports_and_refuses_the_others(store):
+    """A plain symbolic height (no step): the frontend gave the Concat no shape and the upsample before the
+    next layer failed (``object of type 'NoneType' has no len()``). Its inputs are cast to one shape now,
+    checked at run time: the kernel answers where ONNX Runtime does and refuses where it refuses."""
+    data = concat_levels_model()
+    model = load_model(data, max_bytes=1 << 20)
+    outcome = compile_bucket(model, {"x": (1, 4, "h", 8)}, TARGET, store, verify_sizes={"h": [7, 11, 32]})
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    kernel, reference = open_kernel(model, outcome, store), OrtEngine(data)
+    _matches_onnxruntime(kernel, reference, [3, 15, 64], 8)
+    x = {"x": np.zeros((1, 4, 9, 8), np.float32)}  # (9 - 1) // 2 = 4: the maps are 6 and 5 rows high
+    with pytest.raises(Exception):  # noqa: B017 - ONNX Runtime's error and the VM's are their own types
+        reference.run(x)
+    with pytest.raises(Exception):  # noqa: B017
+        kernel.run(x)
