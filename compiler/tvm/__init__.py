@@ -42,8 +42,10 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # matmul by a static weight reads it from panels, an unblocked model's too; 34: channels padded to
 # whole blocks, every conv of a blocked model blocked; a strided conv of narrow groups runs block-wide;
 # 35: the lifted weight transform split into one function per transformed weight, each with its digest;
-# 36: the rules' choices read through knobs, which tuning turns; a long vector axis only half vectors
-# divide padded to whole ones; a conv1d runs as a conv2d one row high).
+# 36: a pool over a map shorter than its window computed as ONNX Runtime does, one output, not none; a
+# per-channel pad bounded by min and max computed up front; dims TVM cannot prove equal checked at run time;
+# the rules' choices read through knobs, which tuning turns; a long vector axis only half vectors divide
+# padded to whole ones; a conv1d runs as a conv2d one row high).
 COMPILER_VERSION = "36"
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
-from tvm import s_tir
+import tvm
+from tvm import s_tir, tirx
 
 from .base import (
     PARALLEL_MIN_ELEMENTS,
@@ -33,6 +34,34 @@ def pad_per_channel(sch: s_tir.Schedule, block: SBlockRV, fused: LoopRV, lanes: 
     fill = sch.decompose_padding(block, sch.get_loops(block)[loop_depth(sch, fused)])
     vectorize_tile(sch, fill, fused, lanes)
     vectorize_tile(sch, block, fused, lanes)
+
+
+def bounded_plainly(sch: s_tir.Schedule, name: str) -> bool:
+    """Whether the loops of pad ``name`` (and of its zero fill) computed inside the tile loops have extents
+    free of min and max. Over a symbolic map both symbolic in the tile loops, the region TVM gives a
+    per-channel pad is bounded by ``max(0, x) - min(0, x)`` (it cannot tell ``x``'s sign), and LoopPartition,
+    peeling the guarded tail of such a loop, recursed some 50,000 loops deep and crashed the compile
+    (YOLOv8n's SPPF pool at height and width 257..1024). Such a pad is computed once up front instead."""
+    for block in _blocks_named(sch, name):
+        if any(_has_min_max(sch.get(loop).extent) for loop in sch.get_loops(block)):
+            return False
+    return True
+
+
+def _blocks_named(sch: s_tir.Schedule, name: str) -> list[SBlockRV]:
+    """The pad block and its zero fill (``name_pad_const``), wherever they sit."""
+    found = []
+    for suffix in ("", "_pad_const"):
+        with contextlib.suppress(Exception):
+            found.append(sch.get_sblock(name + suffix))
+    return found
+
+
+def _has_min_max(expr) -> bool:
+    if isinstance(expr, tirx.Min | tirx.Max):
+        return True
+    children = (getattr(expr, field, None) for field in ("a", "b", "value"))
+    return any(_has_min_max(child) for child in children if tvm.ir.is_prim_expr(child))
 
 
 def schedule_pad_stage(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> None:

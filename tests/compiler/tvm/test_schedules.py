@@ -957,19 +957,15 @@ def test_a_symbolic_width_conv_accumulates_whole_vector_tiles_without_a_guard():
 
 
 def test_a_stepped_dynamic_axis_compiles_a_detector_neck_for_every_multiple(store):
-    """With plain symbolic dims the neck's Add has two shapes TVM cannot prove equal, and import fails;
-    with a step of 4 (sizes 4 x count) every level's shape is exact. Every kernel is scheduled, the
-    accumulators of a conv whose width may end in a half tile (2 x count) stay tile-sized, and the
-    kernel matches ONNX Runtime at even and odd counts, verified or not."""
+    """With plain symbolic dims the neck's Add has two shapes TVM cannot prove equal, which the kernel
+    checks as it runs (test_dynamic_import.py); with a step of 4 (sizes 4 x count) every level's shape is
+    exact. Every kernel is scheduled, the accumulators of a conv whose width may end in a half tile
+    (2 x count) stay tile-sized, and the kernel matches ONNX Runtime at even and odd counts, verified or not."""
     from compiler.building.build import open_kernel
-    from compiler.errors import CompileError
     from compiler.running.engines import OrtEngine
 
     model = synthetic.fpn_model()
     loaded = load_model(model, max_bytes=1 << 20)
-    plain = {"H": [32, 36], "W": [32, 36]}
-    with pytest.raises(CompileError, match=r"TVM (import|build) failed"):
-        compile_bucket(loaded, {"x": (1, 4, "H", "W")}, TARGET, store, verify_sizes=plain)
     height, width = "H@32..96:4", "W@32..144:4"
     bucket = {"x": (1, 4, height, width)}
     bounds = {height: (8, 24), width: (8, 36)}
@@ -1033,3 +1029,40 @@ def test_a_tile_accumulates_on_the_stack_not_in_a_workspace_per_tile(model, buck
     # Workspace allocations in the IR: ``call ptr %f(i32 1, i32 %dev_id, i64 BYTES, i32 2, i32 32)``.
     sizes = [int(n) for n in re.findall(r"i32 %dev_id, i64 (\d+), i32 2, i32 32\)", lib.inspect_source("ll"))]
     assert all(size > 1024 for size in sizes), sizes  # the panel or pad (16 KB, 15 KB), never a tile
+
+
+def _window_pool_model() -> bytes:
+    """YOLOv8's SPPF pool in miniature: a 5x5, stride-1 MaxPool padded by 2, over the map a 4x4 stride-4
+    pool made of x[1, 32, h, w] (its size an expression of h and w, as a backbone's last map is)."""
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["t"], kernel_shape=[4, 4], strides=[4, 4]),
+        helper.make_node("MaxPool", ["t"], ["y"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
+    ]
+    return _model(nodes, [1, 32, "h", "w"], [1, 32, "h4", "w4"])
+
+
+def test_a_pool_over_a_symbolic_height_and_width_pads_its_map_up_front(store):
+    """Computed per channel inside the tile loops, the pad's region over two symbolic dims is bounded by
+    ``max(0, x) - min(0, x)``, and LoopPartition recursed on its guards until the compile crashed
+    (SIGSEGV: YOLOv8n at height and width 257..1024). The pad is computed once up front instead; the
+    kernel compiles and matches ONNX Runtime, at the sizes verified and others."""
+    from compiler.building.build import open_kernel
+    from compiler.running.engines import OrtEngine
+
+    height, width = "h@36..128", "w@36..128"
+    bucket = {"x": (1, 32, height, width)}
+    model = _window_pool_model()
+    bounds = {height: (36, 128), width: (36, 128)}
+    kernels = _fused_kernels(model, bucket, bounds)
+    for name, func in kernels.items():
+        match = _first_match(func, bounds)
+        assert match is not None and match[0] == "Contraction", (name, match)
+        assert "T.max(T.int64(0)" not in match[1], name  # no loop bounded by max(0, x) - min(0, x)
+    loaded = load_model(model, max_bytes=1 << 20)
+    sizes = {height: [36, 77, 128], width: [128, 36, 100]}
+    outcome = compile_bucket(loaded, bucket, TARGET, store, verify_sizes=sizes)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    kernel, reference = open_kernel(loaded, outcome, store), OrtEngine(model)
+    for h, w in ((40, 127), (101, 52)):
+        x = {"x": RNG.standard_normal((1, 32, h, w)).astype(np.float32)}
+        np.testing.assert_allclose(kernel.run(x)["y"], reference.run(x)["y"], rtol=1e-6, atol=1e-6)
