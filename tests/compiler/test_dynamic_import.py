@@ -107,3 +107,16 @@ def test_a_concat_of_levels_that_agree_at_some_heights_imports_and_refuses_the_o
         reference.run(x)
     with pytest.raises(Exception):  # noqa: B017
         kernel.run(x)
+
+
+def test_a_size_both_refuse_verifies_as_agreement_and_sizes_none_accepts_verify_nothing(store):
+    """YOLOv8n's planned sizes include heights its levels never meet at (257): where the kernel refuses a
+    size ONNX Runtime refuses too, they agree, and the sizes both answer are compared; where ONNX Runtime
+    refuses every size, nothing was verified."""
+    model = load_model(concat_levels_model(), max_bytes=1 << 20)
+    outcome = compile_bucket(model, {"x": (1, 4, "h", 8)}, TARGET, store, verify_sizes={"h": [7, 9, 11]})
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    assert "refused by both at x=1x4x9x8" in outcome.manifest.verification
+    nothing = compile_bucket(model, {"x": (1, 4, "h", 8)}, TARGET, store, verify_sizes={"h": [9, 13]})
+    assert nothing.manifest.verified is False
+    assert "ONNX Runtime refuses every size verified" in nothing.manifest.verification
