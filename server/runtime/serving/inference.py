@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from .priority import idle_thread_priority
 
 if TYPE_CHECKING:
     from .shadow import ShadowChecks
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -289,9 +292,9 @@ class Inference:
         inference_ms = None
         started = time.perf_counter()
         try:
-            if kernel is not None:
+            outputs = self._kernel_run(served, bucket, kernel, arrays, plan) if kernel is not None else None
+            if outputs is not None:
                 engine = bucket.route or "tvm"
-                outputs = served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
                 self.metrics.serving.record_padding(model=served.name, waste=plan.padding_waste())
                 if self.shadow is not None:
                     self.shadow.offer(served, bucket, engine, arrays, outputs)
@@ -303,6 +306,21 @@ class Inference:
             if bucket is not None:
                 bucket.observe_run(inference_ms)
         return Run(outputs, engine, label, inference_ms, dynamic=bucket is not None and bucket.symbolic)
+
+    @staticmethod
+    def _kernel_run(served: ServedModel, bucket: ServedBucket, kernel: Engine, arrays, plan) -> dict | None:
+        """The kernel's outputs; None where a dynamic kernel refused the sizes (its run-time checks of dims
+        its model requires to agree): ONNX Runtime then answers, or refuses with its own reason (a 400)."""
+        try:
+            return served.planner.run_padded(kernel, arrays, plan, served.record.config.pad_values)
+        except JitServeError:
+            raise
+        except Exception as exc:
+            if not bucket.symbolic:
+                raise
+            log.info("%s %s: the dynamic kernel refused the request (%s); onnxruntime takes it", served.name,
+                     bucket.label, str(exc).strip().splitlines()[-1:])  # fmt: skip
+            return None
 
     def reject(self, name: str | None, error: JitServeError) -> None:
         """Count a request refused before it ran; only registered names become labels."""
