@@ -96,14 +96,23 @@ def _copy_shipped(shipped_dir: Path, target, destination) -> int:
     shipped = json.loads(gzip.decompress(path.read_bytes()))
     if shipped.get("isa") != key:  # a file renamed by hand is not trusted
         return 0
-    workloads = [ms.database.Workload.from_json(w) for w in shipped["workloads"]]
-    for index, record_json in shipped["records"]:
-        record = ms.database.TuningRecord.from_json(record_json, workloads[index])
-        workload = destination.commit_workload(workloads[index].mod)
-        destination.commit_tuning_record(
-            ms.database.TuningRecord(record.trace, workload, record.run_secs, target, record.args_info)
-        )
-    return len(shipped["records"])
+    with tempfile.TemporaryDirectory(prefix="jitserve-shipped-") as staging:
+        (Path(staging) / WORKLOADS).write_text(shipped["workloads"])
+        (Path(staging) / RECORDS).write_text(shipped["records"])
+        count = 0
+        for record in _json_database(Path(staging)).get_all_tuning_records():
+            workload = destination.commit_workload(record.workload.mod)
+            destination.commit_tuning_record(
+                ms.database.TuningRecord(record.trace, workload, record.run_secs, target, record.args_info)
+            )
+            count += 1
+    return count
+
+
+def _json_database(directory: Path):
+    return ms.database.JSONDatabase(
+        path_workload=str(directory / WORKLOADS), path_tuning_record=str(directory / RECORDS), allow_missing=False
+    )
 
 
 def improved_workloads(directory: str) -> dict[int, str]:
@@ -113,9 +122,7 @@ def improved_workloads(directory: str) -> dict[int, str]:
     if not (path / WORKLOADS).is_file():
         return {}
     with _locked(path, exclusive=False):
-        database = ms.database.JSONDatabase(
-            path_workload=str(path / WORKLOADS), path_tuning_record=str(path / RECORDS), allow_missing=False
-        )
+        database = _json_database(path)
         improved = {}
         for workload in _workloads(database):
             top = database.get_top_k(workload, 2)  # a JSON database reserves room for k: not 1 << 30
@@ -127,28 +134,37 @@ def improved_workloads(directory: str) -> dict[int, str]:
 def write_shipped(directory: str, target, path: Path, provenance: dict, keep: set[int] | None = None) -> int:
     """The fastest record of each workload of the shared database in ``directory`` that tuning improved
     (those in ``keep`` alone, by structural hash, where given), written to ``path`` for ``target``'s ISA;
-    returns how many."""
-    with _locked(Path(directory), exclusive=False):
-        database = ms.database.JSONDatabase(
-            path_workload=str(Path(directory) / WORKLOADS),
-            path_tuning_record=str(Path(directory) / RECORDS),
-            allow_missing=False,
-        )
-        workloads, records = [], []
-        for workload in _workloads(database):
-            top = database.get_top_k(workload, 2)
-            if len(top) < 2 or str(top[0].target) != str(target):
-                continue
-            if keep is not None and int(tvm_ffi.structural_hash(workload.mod)) not in keep:
-                continue
-            records.append([len(workloads), top[0].as_json()])
-            workloads.append(workload.as_json())
-    body = {"isa": isa_key(target), "provenance": provenance, "workloads": workloads, "records": records}
+    returns how many. The file is gzipped JSON: the ISA key, the provenance, and a JSON database's two
+    files as text (MetaSchedule writes its traces; their Python form does not serialize every argument)."""
+    with tempfile.TemporaryDirectory(prefix="jitserve-shipping-") as staging:
+        chosen = ms.database.JSONDatabase(work_dir=staging)
+        with _locked(Path(directory), exclusive=False):
+            database = _json_database(Path(directory))
+            count = 0
+            for workload in _workloads(database):
+                top = database.get_top_k(workload, 2)  # a JSON database reserves room for k: not 1 << 30
+                if len(top) < 2 or str(top[0].target) != str(target):
+                    continue
+                if keep is not None and int(tvm_ffi.structural_hash(workload.mod)) not in keep:
+                    continue
+                record = top[0]
+                chosen.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        record.trace, chosen.commit_workload(workload.mod), record.run_secs, target, record.args_info
+                    )
+                )
+                count += 1
+        body = {
+            "isa": isa_key(target),
+            "provenance": provenance,
+            "workloads": (Path(staging) / WORKLOADS).read_text() if count else "",
+            "records": (Path(staging) / RECORDS).read_text() if count else "",
+        }
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_suffix(".tmp")
     staged.write_bytes(gzip.compress(json.dumps(body, sort_keys=True).encode(), mtime=0))
     os.replace(staged, path)
-    return len(records)
+    return count
 
 
 def _workloads(database) -> list:
