@@ -93,20 +93,31 @@ def _copy_shipped(shipped_dir: Path, target, destination) -> int:
     path = shipped_path(shipped_dir, key) if key else None
     if path is None or not path.is_file():
         return 0
+    # Parsed once per process and file: a tuning run opens the database again for every task it tunes.
+    cache_key = (str(path), path.stat().st_mtime_ns, str(target))
+    if cache_key not in _SHIPPED:
+        _SHIPPED[cache_key] = _read_shipped(path, key, target)
+    return _copy_records(_SHIPPED[cache_key], destination)
+
+
+_SHIPPED: dict[tuple, object] = {}
+
+
+def _read_shipped(path: Path, key: str, target):
+    """A shipped file's records in memory, retargeted to ``target`` (none where the file is not ``key``'s)."""
+    memory = ms.database.MemoryDatabase()
     shipped = json.loads(gzip.decompress(path.read_bytes()))
     if shipped.get("isa") != key:  # a file renamed by hand is not trusted
-        return 0
+        return memory
     with tempfile.TemporaryDirectory(prefix="jitserve-shipped-") as staging:
         (Path(staging) / WORKLOADS).write_text(shipped["workloads"])
         (Path(staging) / RECORDS).write_text(shipped["records"])
-        count = 0
         for record in _json_database(Path(staging)).get_all_tuning_records():
-            workload = destination.commit_workload(record.workload.mod)
-            destination.commit_tuning_record(
+            workload = memory.commit_workload(record.workload.mod)
+            memory.commit_tuning_record(
                 ms.database.TuningRecord(record.trace, workload, record.run_secs, target, record.args_info)
             )
-            count += 1
-    return count
+    return memory
 
 
 def _json_database(directory: Path):
