@@ -1,6 +1,7 @@
-"""Real models in the dynamic tier, as a model uploaded with no config lands there: each spatial axis
-symbolic over the range a request's size falls in, verified against ONNX Runtime at the sizes the
-server verifies (:meth:`BucketPlanner.verify_sizes`) and checked at sizes it was not verified at."""
+"""A real detector in the dynamic tier, as a model uploaded with no config lands there: each spatial
+axis symbolic over the range a request's size falls in, verified against ONNX Runtime and checked at
+sizes it was not verified at. PP-OCR cls's dynamic kernel (heights 17..64) is served and checked the
+same way in ``tests/integration/test_ocr_no_config.py``."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from compiler.building.build import compile_bucket, open_kernel
 from compiler.building.target import resolve_target
 from compiler.models.model import load_model_file
 from compiler.running.engines import OrtEngine
-from compiler.shapes.buckets import BucketPlanner
 from compiler.storage.store import KernelStore
-from tests.realmodels import CLS, DETECTOR, real_model
+from tests.realmodels import DETECTOR, real_model
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +25,6 @@ def store(tmp_path_factory):
     return KernelStore(tmp_path_factory.mktemp("kernels"))
 
 
-def compile_dynamic(store: KernelStore, name: str, bucket: dict):
-    model = load_model_file(str(real_model(name)), max_bytes=64 << 20)
-    sizes = BucketPlanner(model.signature, {}).verify_sizes(bucket)
-    outcome = compile_bucket(model, bucket, TARGET, store, verify_sizes=sizes)
-    return model, outcome, sizes
-
-
 def matches_onnxruntime(model, outcome, store, shapes: list[tuple[int, ...]], *, rtol: float, atol: float) -> None:
     kernel, reference = open_kernel(model, outcome, store), OrtEngine(model.data)
     name = model.signature.inputs[0].name
@@ -40,18 +33,6 @@ def matches_onnxruntime(model, outcome, store, shapes: list[tuple[int, ...]], *,
         for output, want in reference.run(x).items():
             assert np.isfinite(want).all()
             np.testing.assert_allclose(kernel.run(x)[output], want, rtol=rtol, atol=atol, err_msg=str(shape))
-
-
-def test_cls_height_17_to_64_kernel_verifies_at_its_low_edge(store):
-    """PP-OCR cls's last map is one row high at heights 17..32 and its 2x2 MaxPool took none of it (TVM
-    divides the pool's size by floor, ONNX Runtime toward zero): the kernel answered NaN at height 17
-    and was refused."""
-    height, width = "x:2@17..64", "x:3@65..256"
-    model, outcome, sizes = compile_dynamic(store, CLS, {"x": (1, 3, height, width)})
-    assert 17 in sizes[height], sizes
-    assert outcome.manifest.verified is True, outcome.manifest.verification
-    unverified = [(1, 3, 17, 100), (1, 3, 32, 65), (1, 3, 33, 200), (1, 3, 48, 192)]
-    matches_onnxruntime(model, outcome, store, unverified, rtol=1e-4, atol=1e-4)
 
 
 def test_yolov8n_height_and_width_257_to_1024_kernel_imports_verifies_and_refuses_as_onnxruntime(store):

@@ -62,13 +62,13 @@ def test_cls_with_no_config_pads_only_its_batch_and_answers_right(tmp_path):
             assert axes[BATCH]["safe"] and axes[BATCH]["reason"] == "outputs match after padding 3 -> 4"
             for axis in (HEIGHT, WIDTH):  # global pooling sees the padding at real sizes
                 assert not axes[axis]["safe"] and axes[axis]["reason"].startswith("padding changes the outputs")
-            # batch 1 and 3 (padded to 4), three widths of one dynamic range: two kernels
-            shapes = [(n, 3, 48, w) for n in (1, 3) for w in (100, 192, 240)]
-            answers_match(client, "cls", data, shapes, 1e-4)
+            # batch 3 (padded to 4), sizes of one dynamic range: one kernel. At heights 17..32 the last map
+            # is one row high and its 2x2 MaxPool's window taller than it: the kernel answered NaN there.
+            shapes = [(3, 3, h, w) for h, w in ((48, 100), (17, 192), (32, 65), (33, 240))]
+            assert "tvm" in answers_match(client, "cls", data, shapes, 1e-4)
             buckets = client.get("/models/cls").json()["buckets"]
-            dynamic = "3xx:2@17..64xx:3@65..256"
-            assert sorted(b["bucket"] for b in buckets) == [f"x=1x{dynamic}", f"x=4x{dynamic}"]
-            for bucket in buckets:  # each dynamic kernel verified (heights 17..32 too), timed and routed
+            assert [b["bucket"] for b in buckets] == ["x=4x3xx:2@17..64xx:3@65..256"]
+            for bucket in buckets:  # the dynamic kernel verified (heights 17..32 too), timed and routed
                 assert (bucket["state"], bucket["engine"]) == ("ready", "tvm"), bucket
                 assert {"onnxruntime", "tvm"} <= set(bucket["latency_ms"]), bucket
     finally:
