@@ -30,6 +30,10 @@ from .base import (
 )
 from .knobs import choose
 
+WHOLE_VECTORS_MIN = 8
+"""A row at least this many vectors long that no whole vector divides is computed in whole vectors with
+its tail peeled off, not in the part vectors that divide it."""
+
 
 class RowReduction(SafeRule):
     """Blocks sharing leading spatial (row) axes, at least one a reduction: softmax,
@@ -87,10 +91,24 @@ class RowReduction(SafeRule):
                     sch.vectorize(split_symbolic(sch, block_loops[-1], lanes)[1])
                     continue
                 factor = pick_factor(extent, [lanes * 2, lanes, lanes // 2, lanes // 4])
+                if (factor or 0) < lanes and extent >= WHOLE_VECTORS_MIN * lanes and choose(
+                    "reduction.whole_vectors", True, (True, False)
+                ):  # a row only part vectors divide (softmax over 1,500): whole vectors, then the tail
+                    _whole_vectors_then_tail(sch, block_loops[-1], extent, lanes)
+                    continue
                 if factor is not None and factor >= 2:
                     vec = block_loops[-1] if factor == extent else sch.split(block_loops[-1], [None, factor])[1]
                     sch.vectorize(vec)
         return sch
+
+
+def _whole_vectors_then_tail(sch: s_tir.Schedule, loop: LoopRV, extent: int, lanes: int) -> None:
+    """Run ``loop`` as two loops: whole vectors over the most of its ``extent`` they divide, then the tail
+    (vectorized too where it is two lanes or more). A split with a guard would scalarize the vectors."""
+    whole, tail = sch.loop_partition(loop, [extent - extent % lanes, None])
+    sch.vectorize(sch.split(whole, [None, lanes])[1])
+    if extent % lanes >= 2:
+        sch.vectorize(tail)
 
 
 def _leading_spatial(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:

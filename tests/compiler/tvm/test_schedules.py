@@ -267,6 +267,26 @@ def test_rule_schedules_replay_from_their_trace(case):
             pytest.fail(f"{name}: no rule matched")
 
 
+def test_a_softmax_row_no_whole_vector_divides_is_computed_in_whole_vectors_then_its_tail(store):
+    """Whisper's attention rows are 1,500 long: 4 lanes divide them, 8 do not. Its exp and normalize ran
+    on half vectors (the softmax 2x ONNX Runtime's); now they run on whole ones, the last partial vector
+    computed after them (here a row of 100 on an AVX2 CPU), and the model verifies."""
+    kernels = _fused_kernels(_softmax_model(100), {"x": (2, 8, 100)}, mcpu="haswell")
+    func = next(f for name, f in kernels.items() if "softmax" in name)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    sch = cpu_schedules.RowReduction().apply(func, target, False)
+    script = sch.mod["main"].script()
+    # exp and normalize: 12 whole vectors, then the last 4 lanes in a loop of their own (a guarded
+    # vector loop would run scalar)
+    assert len(re.findall(r"in range\(T\.int64\(12\)\):\n\s+for \w+ in T\.vectorized\(T\.int64\(8\)\)", script)) == 2
+    assert len(re.findall(r"in T\.vectorized\(T\.int64\(96\), T\.int64\(100\)\)", script)) == 2, script
+    replayed = tvm.s_tir.Schedule(func)
+    sch.trace.apply_to_schedule(replayed, remove_postproc=False)
+    tvm.ir.assert_structural_equal(replayed.mod, sch.mod)
+    outcome = compile_bucket(load_model(_softmax_model(100), max_bytes=1 << 20), {"x": (2, 8, 100)}, TARGET, store)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+
+
 def test_large_matmul_runs_in_parallel():
     kernels = _fused_kernels(_matmul_model(256, 256), {"x": (8, 16, 256)})
     rule, script = _first_match(next(f for n, f in kernels.items() if "matmul" in n))
