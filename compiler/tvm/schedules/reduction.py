@@ -91,8 +91,10 @@ class RowReduction(SafeRule):
                     sch.vectorize(split_symbolic(sch, block_loops[-1], lanes)[1])
                     continue
                 factor = pick_factor(extent, [lanes * 2, lanes, lanes // 2, lanes // 4])
-                if (factor or 0) < lanes and extent >= WHOLE_VECTORS_MIN * lanes and choose(
-                    "reduction.whole_vectors", True, (True, False)
+                if (
+                    (factor or 0) < lanes
+                    and extent >= WHOLE_VECTORS_MIN * lanes
+                    and choose("reduction.whole_vectors", True, (True, False))
                 ):  # a row only part vectors divide (softmax over 1,500): whole vectors, then the tail
                     _whole_vectors_then_tail(sch, block_loops[-1], extent, lanes)
                     continue
