@@ -28,6 +28,7 @@ from tvm import relax
 
 from ..measuring.flops import node_flops
 from ..measuring.profile import op_class
+from ..running.engines import TRANSFORM_PARAMS
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class StageRecorder:
         the output then carries the alias's name alone."""
 
     def __call__(self, stage: str, mod: tvm.IRModule) -> None:
-        self.texts[stage] = mod.script()
+        self.texts[stage] = module_text(mod)
         for gv, func in mod.functions.items():
             if isinstance(func, tvm.tirx.PrimFunc) and (size := _param_bytes(func)) is not None:
                 self.kernel_bytes[gv.name_hint] = size
@@ -100,6 +101,20 @@ class StageRecorder:
                 for gv, f in mod.functions.items()
                 if isinstance(f, relax.Function) and gv.name_hint != "main"
             }
+
+
+def module_text(mod: tvm.IRModule) -> str:
+    """``mod`` as TVMScript, its lifted weight transform's functions left out: they run once per model
+    version, not per request, and once lowered each prints the checks of every weight it is handed.
+    DenseNet-121's 429 printed 21 MB each: the snapshot of its lowered module grew past 8 GiB and failed
+    the compile, where the module without them prints 1 MB."""
+    transform = {gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.startswith(TRANSFORM_PARAMS)}
+    if not transform:
+        return mod.script()
+    kept = {gv: func for gv, func in mod.functions_items() if gv.name_hint not in transform}
+    shown = tvm.IRModule(kept, attrs=mod.attrs, global_infos=mod.global_infos)
+    note = f"# {len(transform)} functions of the lifted weight transform ({TRANSFORM_PARAMS}_*) are not shown\n"
+    return note + shown.script()
 
 
 def _param_bytes(func) -> int | None:
