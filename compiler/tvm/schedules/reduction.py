@@ -31,8 +31,8 @@ from .base import (
 from .knobs import choose
 
 WHOLE_VECTORS_MIN = 8
-"""A row at least this many vectors long that no whole vector divides is computed in whole vectors with
-its tail peeled off, not in the part vectors that divide it."""
+"""A row at least this many vectors long that no whole vector divides is computed in whole vectors, then
+its tail in a loop of its own, not in the part vectors that divide it."""
 
 
 class RowReduction(SafeRule):
