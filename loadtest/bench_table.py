@@ -167,14 +167,21 @@ def bucket_flops(path: Path, buckets: list[str]) -> dict[str, float]:
 
 
 def bench(path: Path, shapes: list[str], args, plot: Path) -> list[dict]:
-    command = [sys.executable, "-m", "compiler", "bench", str(path), "--runs", str(args.runs), "--plot", str(plot)]
-    command += [arg for bucket in shapes for shape in bucket.split(";") for arg in ("--shape", shape)]
+    options = ["--runs", str(args.runs), "--plot", str(plot)]
     if args.tune_trials:
-        command += ["--tune-trials", str(args.tune_trials)]
+        options += ["--tune-trials", str(args.tune_trials)]
     if args.target:
-        command += ["--target", args.target]
-    env = dict(os.environ, JITSERVE_DATA_DIR=str(args.out / "data"))
-    done = subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True, text=True)
+        options += ["--target", args.target]
+    return run_bench(path, shapes, options, env={"JITSERVE_DATA_DIR": str(args.out / "data")})
+
+
+def run_bench(path: Path, buckets: list[str], options: list[str], env: dict | None = None) -> list[dict]:
+    """``python -m compiler bench`` on ``buckets`` (``a=1,2;b=3``) in a process of its own: its rows."""
+    command = [sys.executable, "-m", "compiler", "bench", str(path), *options]
+    command += [arg for bucket in buckets for shape in bucket.split(";") for arg in ("--shape", shape)]
+    done = subprocess.run(
+        command, check=False, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise BenchFailed(" ".join(done.stderr.strip().splitlines()[-1:]) or f"exit status {done.returncode}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

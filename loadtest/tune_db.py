@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadtest.bench_table import MODELS, BenchFailed, cpu_name, model_path  # noqa: E402
+from loadtest.bench_table import MODELS, BenchFailed, cpu_name, model_path, run_bench  # noqa: E402
 
 SHOWN = ("bucket", "ort_ms", "openvino_ms", "tvm_ms", "tvm_tuned_ms", "ratio_vs_peer", "tune_seconds", "tune_trials")
 """A bench row's facts printed per run."""
@@ -66,17 +64,15 @@ def main() -> int:
         file, shapes = MODELS[title]
         path = model_path(file)
         buckets = shapes[: args.buckets]
-        command = [sys.executable, "-m", "compiler", "bench", str(path), "--store", str(store), "--runs", "5"]
-        command += ["--tune-trials", str(args.trials), "--tune-trials-per-task", str(args.trials_per_task)]
-        command += [arg for bucket in buckets for shape in bucket.split(";") for arg in ("--shape", shape)]
+        options = ["--store", str(store), "--runs", "5"]
+        options += ["--tune-trials", str(args.trials), "--tune-trials-per-task", str(args.trials_per_task)]
         before = improved_workloads(str(store / "tuning"))
         runs = []  # the first run tunes; the others re-time the kernels it stored, each in a fresh process
-        for _ in range(1 + args.confirmations):
-            done = subprocess.run(command, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                print(f"{title}: {BenchFailed(done.stderr.strip().splitlines()[-1:])}", file=sys.stderr, flush=True)
-                break
-            runs.append([json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")])
+        try:
+            for _ in range(1 + args.confirmations):
+                runs.append(run_bench(path, buckets, options))
+        except BenchFailed as exc:
+            print(f"{title}: {exc}", file=sys.stderr, flush=True)
         faster = len(runs) == 1 + args.confirmations and all(rows and all(
             row.get("tvm_tuned_ms") and row["tvm_tuned_ms"] < row["tvm_ms"] * (1 - MIN_MODEL_GAIN) for row in rows
         ) for rows in runs)  # fmt: skip

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadtest.bench_table import MODELS, BenchFailed, cpu_name, model_path  # noqa: E402
+from loadtest.bench_table import MODELS, BenchFailed, cpu_name, model_path, run_bench  # noqa: E402
 
 DEFAULT_ROUNDS = ["64:16", "128:32", "256:64", "512:128"]
 
@@ -57,13 +55,11 @@ def main() -> int:
     spent = 0.0
     points = []
     for trials, per_task in args.rounds:
-        command = [sys.executable, "-m", "compiler", "bench", str(model_path(file)), "--store", str(store)]
-        command += ["--runs", str(args.runs), "--tune-trials", str(trials), "--tune-trials-per-task", str(per_task)]
-        command += [arg for shape in bucket.split(";") for arg in ("--shape", shape)]
-        done = subprocess.run(command, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, check=False)
-        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode != 0 or not rows:
-            raise BenchFailed(done.stderr.strip().splitlines()[-3:])
+        options = ["--store", str(store), "--runs", str(args.runs)]
+        options += ["--tune-trials", str(trials), "--tune-trials-per-task", str(per_task)]
+        rows = run_bench(model_path(file), [bucket], options)
+        if not rows:
+            raise BenchFailed(f"no row for {bucket}")
         row = rows[0]
         spent += row.get("tune_seconds") or 0.0
         point = {
