@@ -1,0 +1,182 @@
+"""Tensor intrinsics for the CPU's reduced-precision units: int8 and bf16 dot products that a schedule
+tensorizes a contraction's innermost tile into.
+
+Each one computes ``C[i] += sum_k A[k] * B[i, k]`` for a vector of ``C`` (int32 or float32) against one
+row ``A`` of the activation and a packed panel ``B`` of the weights (``lanes`` output columns by
+``depth`` reduction steps, depth innermost, as the weight transform packs them). All are exact in their
+accumulator: none saturates.
+
+- ``avx2``: operands widened to int16 and multiplied in pairs (``vpmaddwd``). ``vpmaddubsw`` would do
+  twice the work per instruction but saturates at int16 (two products of 255 x 127 overflow it), so
+  its answers would depend on the data.
+- ``avx-vnni`` / ``avx512-vnni``: ``vpdpbusd``, four u8 x s8 products into each int32 lane. TVM 0.27's own
+  ``dot_16x4_vnni`` no longer tensorizes with LLVM 22 (its operands are ``<64 x i8>`` now).
+- ``avx512-bf16``: ``vdpbf16ps``, two bf16 products into each float32 lane. bf16 is stored as uint16
+  (TVM legalizes bf16 storage to it, and LLVM's intrinsic wants ``<32 x bfloat>``, which TIR cannot
+  name after that): the call goes through a two-line LLVM function imported into the module
+  (``pragma_import_llvm``) that reinterprets the bits, inlined by LLVM.
+
+A bf16 value here is the top half of a float32's bits (:func:`bf16_to_float32_expr`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+
+@dataclass(frozen=True)
+class DotIntrinsic:
+    """A registered dot-product intrinsic: ``lanes`` outputs, ``depth`` products summed into each."""
+
+    name: str
+    unit: str
+    activation: str  # dtype of A
+    weight: str  # dtype of B
+    accumulator: str  # dtype of C
+    lanes: int
+    depth: int
+
+
+def bf16_to_float32_expr(value):
+    """A uint16-stored bf16 ``value`` as the float32 it stands for (its bits in the top half)."""
+    return T.reinterpret(T.shift_left(T.cast(value, "uint32"), T.uint32(16)), dtype="float32")
+
+
+def _widen(value, accumulator: str):
+    return bf16_to_float32_expr(value) if accumulator == "float32" else T.cast(value, accumulator)
+
+
+def _desc(intrin: DotIntrinsic):
+    lanes, depth, acc = intrin.lanes, intrin.depth, intrin.accumulator
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((depth,), intrin.activation, offset_factor=1),
+        B: T.Buffer((lanes, depth), intrin.weight, offset_factor=1),
+        C: T.Buffer((lanes,), acc, offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:depth], B[0:lanes, 0:depth])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, depth):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + _widen(A[vk], acc) * _widen(B[vi, vk], acc)
+
+    return desc
+
+
+def _avx2_impl(intrin: DotIntrinsic):
+    """``vpmaddwd`` on int16-widened operands: 8 int32 lanes, 2 products each."""
+    activation, weight = intrin.activation, intrin.weight
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((2,), activation, offset_factor=1),
+        B: T.Buffer((8, 2), weight, offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:2], B[0:8, 0:2])
+            T.writes(C[0:8])
+            pair = T.reinterpret(T.cast(A.vload([0], f"{activation}x2"), "int16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                T.reinterpret(T.broadcast(pair, 8), dtype="int16x16"),
+                T.cast(B.vload([0, 0], dtype=f"{weight}x16"), "int16x16"),
+                dtype="int32x8",
+            )
+
+    return impl
+
+
+def _vnni_impl(intrin: DotIntrinsic):
+    """``vpdpbusd``: ``lanes`` int32 lanes (8 with AVX-VNNI, 16 with AVX512-VNNI), 4 u8 x s8 products each."""
+    lanes = intrin.lanes
+    llvm = "llvm.x86.avx512.vpdpbusd.512" if lanes == 16 else "llvm.x86.avx512.vpdpbusd.256"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            quad = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm),
+                C[T.ramp(T.int32(0), 1, lanes)],
+                T.reinterpret(T.broadcast(quad, lanes), dtype=f"uint8x{lanes * 4}"),
+                B.vload([0, 0], dtype=f"int8x{lanes * 4}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return impl
+
+
+_DPBF16PS = """
+define internal <16 x float> @jitserve_dpbf16ps_512(<16 x float> %c, <32 x i16> %a, <32 x i16> %b) alwaysinline {
+  %a.bf16 = bitcast <32 x i16> %a to <32 x bfloat>
+  %b.bf16 = bitcast <32 x i16> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %c, <32 x bfloat> %a.bf16,
+                                                          <32 x bfloat> %b.bf16)
+  ret <16 x float> %r
+}
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+"""
+
+
+def _bf16_impl(intrin: DotIntrinsic):
+    """``vdpbf16ps``: 16 float32 lanes, 2 bf16 products each."""
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((2,), "uint16", offset_factor=1),
+        B: T.Buffer((16, 2), "uint16", offset_factor=1),
+        C: T.Buffer((16,), "float32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            T.attr("", "pragma_import_llvm", _DPBF16PS)
+            pair = T.reinterpret(A.vload([0], "uint16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_extern(
+                "float32x16",
+                "jitserve_dpbf16ps_512",
+                C[T.ramp(T.int32(0), 1, 16)],
+                T.reinterpret(T.broadcast(pair, 16), dtype="uint16x32"),
+                B.vload([0, 0], dtype="uint16x32"),
+            )
+
+    return impl
+
+
+INTRINSICS = (
+    DotIntrinsic("jitserve_dot_8x2_u8s8_avx2", "avx2", "uint8", "int8", "int32", 8, 2),
+    DotIntrinsic("jitserve_dot_8x2_s8s8_avx2", "avx2", "int8", "int8", "int32", 8, 2),
+    DotIntrinsic("jitserve_dot_8x4_u8s8_avx_vnni", "avx-vnni", "uint8", "int8", "int32", 8, 4),
+    DotIntrinsic("jitserve_dot_16x4_u8s8_avx512_vnni", "avx512-vnni", "uint8", "int8", "int32", 16, 4),
+    DotIntrinsic("jitserve_dot_16x2_bf16_avx512_bf16", "avx512-bf16", "uint16", "uint16", "float32", 16, 2),
+)
+_IMPLS = {"avx2": _avx2_impl, "avx-vnni": _vnni_impl, "avx512-vnni": _vnni_impl, "avx512-bf16": _bf16_impl}
+
+
+def _register() -> None:
+    for intrin in INTRINSICS:
+        TensorIntrin.register(intrin.name, _desc(intrin), _IMPLS[intrin.unit](intrin), override=True)
+
+
+_register()
+
+
+def dot_intrinsic(unit: str, activation: str = "uint8") -> DotIntrinsic | None:
+    """The intrinsic for ``unit`` (a :class:`compiler.building.matrix_units.MatrixUnits` unit name) on
+    activations of ``activation``; None where there is none (the VNNI ones take uint8 activations only:
+    int8 ones are shifted by 128 first, and the AMX tiles have no intrinsic here yet)."""
+    return next((i for i in INTRINSICS if i.unit == unit and i.activation == activation), None)

@@ -1,0 +1,92 @@
+"""The reduced-precision dot-product intrinsics: each one tensorizes a packed matmul into its unit's
+instruction, and where this CPU has the unit, answers as numpy does (exactly, for the integer ones,
+at the extremes where ``vpmaddubsw`` would saturate)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te
+
+from compiler.building.matrix_units import host_matrix_units
+from compiler.tvm.intrinsics import INTRINSICS, DotIntrinsic, bf16_to_float32_expr
+
+# A CPU LLVM knows with each unit, for the generated-code checks on a machine without it.
+_MCPU = {"avx2": "haswell", "avx-vnni": "alderlake", "avx512-vnni": "cascadelake", "avx512-bf16": "sapphirerapids"}
+_INSTRUCTION = {"avx2": "vpmaddwd", "avx-vnni": "vpdpbusd", "avx512-vnni": "vpdpbusd", "avx512-bf16": "vdpbf16ps"}
+_M, _PANELS, _STEPS = 6, 3, 40  # rows, weight panels, reduction steps of the intrinsic's depth
+
+
+def _packed_matmul(intrin: DotIntrinsic, mcpu: str):
+    """C[m, n] = sum_k A[m, k] * W[n, k] with W packed in panels of (lanes, depth), tensorized."""
+    lanes, depth, acc = intrin.lanes, intrin.depth, intrin.accumulator
+    n, k = _PANELS * lanes, _STEPS * depth
+    a = te.placeholder((_M, k), intrin.activation, name="A")
+    w = te.placeholder((_PANELS, _STEPS, lanes, depth), intrin.weight, name="W")
+    r = te.reduce_axis((0, k), name="k")
+
+    def widen(value):
+        return bf16_to_float32_expr(value) if acc == "float32" else value.astype(acc)
+
+    c = te.compute(
+        (_M, n),
+        lambda i, j: te.sum(widen(a[i, r]) * widen(w[j // lanes, r // depth, j % lanes, r % depth]), axis=r),
+        name="C",
+    )
+    sch = s_tir.Schedule(te.create_prim_func([a, w, c]))
+    block = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(block)
+    j_panel, j_lane = sch.split(j, [None, lanes])
+    k_step, k_depth = sch.split(kk, [None, depth])
+    sch.reorder(i, j_panel, k_step, j_lane, k_depth)
+    sch.decompose_reduction(block, k_step)
+    sch.tensorize(j_lane, intrin.name)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    return tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+
+
+def _operands(intrin: DotIntrinsic) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A, W packed, reference C), with a row and a panel at the dtypes' extremes."""
+    rng = np.random.default_rng(0)
+    n, k = _PANELS * intrin.lanes, _STEPS * intrin.depth
+    if intrin.accumulator == "float32":
+        a32 = rng.standard_normal((_M, k)).astype(np.float32)
+        w32 = rng.standard_normal((n, k)).astype(np.float32)
+        a, w = (a32.view(np.uint32) >> 16).astype(np.uint16), (w32.view(np.uint32) >> 16).astype(np.uint16)
+        as_float = (a.astype(np.uint32) << 16).view(np.float32)
+        ws_float = (w.astype(np.uint32) << 16).view(np.float32)
+        reference = (as_float.astype(np.float64) @ ws_float.astype(np.float64).T).astype(np.float32)
+    else:
+        a = rng.integers(np.iinfo(intrin.activation).min, np.iinfo(intrin.activation).max + 1, (_M, k))
+        w = rng.integers(-128, 128, (n, k))
+        a[0], w[: intrin.lanes] = np.iinfo(intrin.activation).max, -128  # two products overflow int16
+        a[1], w[intrin.lanes : 2 * intrin.lanes] = np.iinfo(intrin.activation).min, 127
+        reference = a @ w.T
+        a, w = a.astype(intrin.activation), w.astype(intrin.weight)
+    packed = w.reshape(_PANELS, intrin.lanes, _STEPS, intrin.depth).transpose(0, 2, 1, 3).copy()
+    return a, packed, reference.astype(intrin.accumulator)
+
+
+@pytest.mark.parametrize("intrin", INTRINSICS, ids=lambda i: i.name)
+def test_each_intrinsic_compiles_to_its_units_instruction(intrin):
+    asm = _packed_matmul(intrin, _MCPU[intrin.unit]).inspect_source("asm")
+    assert _INSTRUCTION[intrin.unit] in asm.split()
+    assert "jitserve_dpbf16ps_512" not in asm  # the imported LLVM function is inlined
+    assert "vpmaddubsw" not in asm.split()  # it saturates
+
+
+@pytest.mark.parametrize("intrin", INTRINSICS, ids=lambda i: i.name)
+def test_each_intrinsic_answers_as_numpy_where_the_cpu_has_its_unit(intrin):
+    units = host_matrix_units()
+    if not units.has(intrin.unit):
+        pytest.skip(f"this CPU has no {intrin.unit} ({units.describe()}): its code is checked, not run")
+    from compiler.building.target import host_cpu
+
+    a, packed, reference = _operands(intrin)
+    out = tvm.runtime.tensor(np.zeros(reference.shape, reference.dtype))
+    _packed_matmul(intrin, host_cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(packed), out)
+    if intrin.accumulator == "int32":
+        np.testing.assert_array_equal(out.numpy(), reference)
+    else:
+        np.testing.assert_allclose(out.numpy(), reference, rtol=1e-5, atol=1e-4)
