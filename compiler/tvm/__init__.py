@@ -45,8 +45,10 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # 36: a pool over a map shorter than its window computed as ONNX Runtime does, one output, not none; a
 # per-channel pad bounded by min and max computed up front; dims TVM cannot prove equal checked at run time;
 # the rules' choices read through knobs, which tuning turns; a long vector axis only half vectors divide
-# padded to whole ones; a conv1d runs as a conv2d one row high).
-COMPILER_VERSION = "36"
+# padded to whole ones; a conv1d runs as a conv2d one row high; 37: a softmax row no whole vector divides
+# computed in whole vectors, then its tail; a quantized matmul by a constant int8 weight on packed int16
+# panels, tensorized into the CPU's int16 pair products).
+COMPILER_VERSION = "37"
 
 
 @functools.cache

@@ -4,11 +4,11 @@ tensorizes a contraction's innermost tile into.
 Each one computes ``C[i] += sum_k A[k] * B[i, k]`` for a vector of ``C`` (int32 or float32) against one
 row ``A`` of the activation and a packed panel ``B`` of the weights (``lanes`` output columns by
 ``depth`` reduction steps, depth innermost, as the weight transform packs them). All are exact in their
-accumulator: none saturates.
+accumulator on the weights they are used for.
 
-- ``avx2``: operands widened to int16 and multiplied in pairs (``vpmaddwd``). ``vpmaddubsw`` would do
-  twice the work per instruction but saturates at int16 (two products of 255 x 127 overflow it), so
-  its answers would depend on the data.
+- ``avx2``: operands widened to int16 and multiplied in pairs (``vpmaddwd``); or, for weights whose pairs
+  keep :data:`BYTE_PAIR_BOUND`, bytes multiplied in pairs into int16 (``vpmaddubsw``), which saturates
+  on others (two products of 255 x 127 overflow it).
 - ``avx-vnni`` / ``avx512-vnni``: ``vpdpbusd``, four u8 x s8 products into each int32 lane. TVM 0.27's own
   ``dot_16x4_vnni`` no longer tensorizes with LLVM 22 (its operands are ``<64 x i8>`` now).
 - ``avx512-bf16``: ``vdpbf16ps``, two bf16 products into each float32 lane. bf16 is stored as uint16
@@ -38,6 +38,14 @@ class DotIntrinsic:
     accumulator: str  # dtype of C
     lanes: int
     depth: int
+    instruction: str
+    """What computes it: ``vpmaddwd``, ``vpmaddubsw`` (exact only on weights whose pairs fit, see
+    :data:`BYTE_PAIR_BOUND`), ``vpdpbusd``, ``vdpbf16ps``."""
+
+    def named(self, scope: str) -> str:
+        """The name it is registered by for accumulators in ``scope`` (tensorize matches the scope):
+        ``global`` for an output, ``local`` for a register tile's."""
+        return self.name if scope == "global" else f"{self.name}_{scope}"
 
 
 def bf16_to_float32_expr(value):
@@ -49,14 +57,14 @@ def _widen(value, accumulator: str):
     return bf16_to_float32_expr(value) if accumulator == "float32" else T.cast(value, accumulator)
 
 
-def _desc(intrin: DotIntrinsic):
+def _desc(intrin: DotIntrinsic, scope: str):
     lanes, depth, acc = intrin.lanes, intrin.depth, intrin.accumulator
 
     @T.prim_func(s_tir=True)
     def desc(
         A: T.Buffer((depth,), intrin.activation, offset_factor=1),
         B: T.Buffer((lanes, depth), intrin.weight, offset_factor=1),
-        C: T.Buffer((lanes,), acc, offset_factor=1),
+        C: T.Buffer((lanes,), acc, offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:depth], B[0:lanes, 0:depth])
@@ -70,7 +78,7 @@ def _desc(intrin: DotIntrinsic):
     return desc
 
 
-def _avx2_impl(intrin: DotIntrinsic):
+def _avx2_impl(intrin: DotIntrinsic, scope: str):
     """``vpmaddwd`` on int16-widened operands: 8 int32 lanes, 2 products each."""
     activation, weight = intrin.activation, intrin.weight
 
@@ -78,7 +86,7 @@ def _avx2_impl(intrin: DotIntrinsic):
     def impl(
         A: T.Buffer((2,), activation, offset_factor=1),
         B: T.Buffer((8, 2), weight, offset_factor=1),
-        C: T.Buffer((8,), "int32", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
             T.reads(C[0:8], A[0:2], B[0:8, 0:2])
@@ -94,7 +102,45 @@ def _avx2_impl(intrin: DotIntrinsic):
     return impl
 
 
-def _vnni_impl(intrin: DotIntrinsic):
+BYTE_PAIR_BOUND = 128
+"""``vpmaddubsw`` sums two uint8 x int8 products into an int16 lane, saturating. With activations up to 255 it
+is exact where, in each pair of weights it sums, the positive parts add up to at most 128 and the negative
+ones to at least -128 (255 x 128 = 32640 fits int16; 255 x 129 does not). ONNX Runtime's AVX2 kernels use it
+on any weight, and their answers then depend on the data; here a weight is packed for it only where every
+pair keeps the bound (7-bit weights, ``reduce_range``, always do), checked when it is packed
+(:func:`compiler.tvm.integer_matmul.byte_pairs_fit`)."""
+
+
+def _avx2_bytes_impl(intrin: DotIntrinsic, scope: str):
+    """``vpmaddubsw`` then ``vpmaddwd`` by ones: 8 int32 lanes, 4 uint8 x int8 products each."""
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((8, 4), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+            T.writes(C[0:8])
+            quad = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            pairs = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
+                T.reinterpret(T.broadcast(quad, 8), dtype="uint8x32"),
+                B.vload([0, 0], dtype="int8x32"),
+                dtype="int16x16",
+            )
+            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                pairs,
+                T.broadcast(T.int16(1), 16),
+                dtype="int32x8",
+            )
+
+    return impl
+
+
+def _vnni_impl(intrin: DotIntrinsic, scope: str):
     """``vpdpbusd``: ``lanes`` int32 lanes (8 with AVX-VNNI, 16 with AVX512-VNNI), 4 u8 x s8 products each."""
     lanes = intrin.lanes
     llvm = "llvm.x86.avx512.vpdpbusd.512" if lanes == 16 else "llvm.x86.avx512.vpdpbusd.256"
@@ -103,7 +149,7 @@ def _vnni_impl(intrin: DotIntrinsic):
     def impl(
         A: T.Buffer((4,), "uint8", offset_factor=1),
         B: T.Buffer((lanes, 4), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
@@ -132,14 +178,14 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 """
 
 
-def _bf16_impl(intrin: DotIntrinsic):
+def _bf16_impl(intrin: DotIntrinsic, scope: str):
     """``vdpbf16ps``: 16 float32 lanes, 2 bf16 products each."""
 
     @T.prim_func(s_tir=True)
     def impl(
         A: T.Buffer((2,), "uint16", offset_factor=1),
         B: T.Buffer((16, 2), "uint16", offset_factor=1),
-        C: T.Buffer((16,), "float32", offset_factor=1),
+        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
             T.reads(C[0:16], A[0:2], B[0:16, 0:2])
@@ -158,25 +204,35 @@ def _bf16_impl(intrin: DotIntrinsic):
 
 
 INTRINSICS = (
-    DotIntrinsic("jitserve_dot_8x2_u8s8_avx2", "avx2", "uint8", "int8", "int32", 8, 2),
-    DotIntrinsic("jitserve_dot_8x2_s8s8_avx2", "avx2", "int8", "int8", "int32", 8, 2),
-    DotIntrinsic("jitserve_dot_8x4_u8s8_avx_vnni", "avx-vnni", "uint8", "int8", "int32", 8, 4),
-    DotIntrinsic("jitserve_dot_16x4_u8s8_avx512_vnni", "avx512-vnni", "uint8", "int8", "int32", 16, 4),
-    DotIntrinsic("jitserve_dot_16x2_bf16_avx512_bf16", "avx512-bf16", "uint16", "uint16", "float32", 16, 2),
+    DotIntrinsic("jitserve_dot_8x2_u8s8_avx2", "avx2", "uint8", "int8", "int32", 8, 2, "vpmaddwd"),
+    DotIntrinsic("jitserve_dot_8x2_s8s8_avx2", "avx2", "int8", "int8", "int32", 8, 2, "vpmaddwd"),
+    # Both operands widened ahead, the weights made exact in int16 by subtracting their zero point
+    # (compiler/tvm/integer_matmul.py): an activation pair is then one broadcast load.
+    DotIntrinsic("jitserve_dot_8x2_s16s16_avx2", "avx2", "int16", "int16", "int32", 8, 2, "vpmaddwd"),
+    # Weights whose pairs keep BYTE_PAIR_BOUND: half the weight bytes, a quarter fewer instructions.
+    DotIntrinsic("jitserve_dot_8x4_u8s8_avx2_bounded", "avx2", "uint8", "int8", "int32", 8, 4, "vpmaddubsw"),
+    DotIntrinsic("jitserve_dot_8x4_u8s8_avx_vnni", "avx-vnni", "uint8", "int8", "int32", 8, 4, "vpdpbusd"),
+    DotIntrinsic("jitserve_dot_16x4_u8s8_avx512_vnni", "avx512-vnni", "uint8", "int8", "int32", 16, 4, "vpdpbusd"),
+    DotIntrinsic(
+        "jitserve_dot_16x2_bf16_avx512_bf16", "avx512-bf16", "uint16", "uint16", "float32", 16, 2, "vdpbf16ps"
+    ),
 )
-_IMPLS = {"avx2": _avx2_impl, "avx-vnni": _vnni_impl, "avx512-vnni": _vnni_impl, "avx512-bf16": _bf16_impl}
+_IMPLS = {"vpmaddwd": _avx2_impl, "vpmaddubsw": _avx2_bytes_impl, "vpdpbusd": _vnni_impl, "vdpbf16ps": _bf16_impl}
 
 
 def _register() -> None:
     for intrin in INTRINSICS:
-        TensorIntrin.register(intrin.name, _desc(intrin), _IMPLS[intrin.unit](intrin), override=True)
+        for scope in ("global", "local"):
+            desc, impl = _desc(intrin, scope), _IMPLS[intrin.instruction](intrin, scope)
+            TensorIntrin.register(intrin.named(scope), desc, impl, override=True)
 
 
 _register()
 
 
-def dot_intrinsic(unit: str, activation: str = "uint8") -> DotIntrinsic | None:
+def dot_intrinsic(unit: str, activation: str, weight: str, depth: int) -> DotIntrinsic | None:
     """The intrinsic for ``unit`` (a :class:`compiler.building.matrix_units.MatrixUnits` unit name) on
-    activations of ``activation``; None where there is none (the VNNI ones take uint8 activations only:
-    int8 ones are shifted by 128 first, and the AMX tiles have no intrinsic here yet)."""
-    return next((i for i in INTRINSICS if i.unit == unit and i.activation == activation), None)
+    ``activation`` by ``weight`` operands, ``depth`` products per lane; None where there is none (the VNNI
+    ones take uint8 activations only, and the AMX tiles have no intrinsic here yet)."""
+    wanted = (unit, activation, weight, depth)
+    return next((i for i in INTRINSICS if (i.unit, i.activation, i.weight, i.depth) == wanted), None)

@@ -38,8 +38,10 @@ import re
 
 import tvm
 from tvm import relax
+from tvm.target.codegen import llvm_cpu_has_features
 
 from .channel_padding import pad_channels_to_blocks
+from .integer_matmul import integer_matmuls
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 from .shapes import static_shape
@@ -370,6 +372,8 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         mod = _rewritten(mod, _ALWAYS)
+        if llvm_cpu_has_features("avx2", target):
+            mod = integer_matmuls(mod)[0]
         blocked = blocked_or_none(mod)
         if blocked is None:
             return _panels_lifted(_rewritten(mod, _LAST), block)

@@ -7,6 +7,8 @@ whose scheduling primitive fails, returns ``None``: the function then stays
 naive but correct. Schedule primitives check their own preconditions, so a
 schedule that applies computes what the naive loops compute.
 
+- :class:`IntegerContraction` -- a quantized model's integer matmul, tensorized into the CPU's int8
+  dot product (``compiler.tvm.integer_matmul``).
 - :class:`Gemv` -- a contraction with one output row (a classifier at
   batch 1), its reduction summed in interleaved parts.
 - :class:`Contraction` -- matmul, batch matmul, conv2d (incl. depthwise and
@@ -31,6 +33,7 @@ from .base import SymbolicBounds
 from .contraction import Contraction
 from .gemv import Gemv
 from .injective import Injective
+from .integer import IntegerContraction
 from .math import vectorizable_math_pass
 from .reduction import RowReduction
 
@@ -38,6 +41,7 @@ __all__ = [
     "Contraction",
     "Gemv",
     "Injective",
+    "IntegerContraction",
     "RowReduction",
     "SymbolicBounds",
     "default_cpu_rules",
@@ -52,5 +56,5 @@ def default_cpu_rules(symbolic_bounds: SymbolicBounds | None = None) -> list:
     dlight's own ``cpu.GEMV`` and ``cpu.Reduction`` made PP-OCR cls 3x slower
     than no rules at all (measured: 3.9x -> 11.5x of ONNX Runtime at batch 1).
     """
-    rules = (Gemv, Contraction, RowReduction, Injective)
+    rules = (IntegerContraction, Gemv, Contraction, RowReduction, Injective)
     return [rule(symbolic_bounds) for rule in rules]

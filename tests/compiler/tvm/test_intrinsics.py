@@ -1,6 +1,6 @@
 """The reduced-precision dot-product intrinsics: each one tensorizes a packed matmul into its unit's
-instruction, and where this CPU has the unit, answers as numpy does (exactly, for the integer ones,
-at the extremes where ``vpmaddubsw`` would saturate)."""
+instruction, and where this CPU has the unit, answers as numpy does (exactly, for the integer ones, at
+the extremes of their operands: where ``vpmaddubsw`` would saturate for the others, at its bound for it)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import tvm
 from tvm import s_tir, te
 
 from compiler.building.matrix_units import host_matrix_units
-from compiler.tvm.intrinsics import INTRINSICS, DotIntrinsic, bf16_to_float32_expr
+from compiler.tvm.intrinsics import BYTE_PAIR_BOUND, INTRINSICS, DotIntrinsic, bf16_to_float32_expr
 
 # A CPU LLVM knows with each unit, for the generated-code checks on a machine without it.
 _MCPU = {"avx2": "haswell", "avx-vnni": "alderlake", "avx512-vnni": "cascadelake", "avx512-bf16": "sapphirerapids"}
-_INSTRUCTION = {"avx2": "vpmaddwd", "avx-vnni": "vpdpbusd", "avx512-vnni": "vpdpbusd", "avx512-bf16": "vdpbf16ps"}
 _M, _PANELS, _STEPS = 6, 3, 40  # rows, weight panels, reduction steps of the intrinsic's depth
 
 
@@ -59,9 +58,14 @@ def _operands(intrin: DotIntrinsic) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         reference = (as_float.astype(np.float64) @ ws_float.astype(np.float64).T).astype(np.float32)
     else:
         a = rng.integers(np.iinfo(intrin.activation).min, np.iinfo(intrin.activation).max + 1, (_M, k))
-        w = rng.integers(-128, 128, (n, k))
-        a[0], w[: intrin.lanes] = np.iinfo(intrin.activation).max, -128  # two products overflow int16
-        a[1], w[intrin.lanes : 2 * intrin.lanes] = np.iinfo(intrin.activation).min, 127
+        # int16 weights: int8 ones less their zero point (compiler/tvm/integer_matmul.py), -255..255;
+        # vpmaddubsw's: pairs whose parts sum to at most the bound, met exactly by the extremes' pairs
+        low, high = {"int16": (-255, 255), "int8": (-128, 127)}[intrin.weight]
+        if intrin.instruction == "vpmaddubsw":
+            low, high = -BYTE_PAIR_BOUND // 2, BYTE_PAIR_BOUND // 2
+        w = rng.integers(low, high + 1, (n, k))
+        a[0], w[: intrin.lanes] = np.iinfo(intrin.activation).max, low  # two products overflow int16
+        a[1], w[intrin.lanes : 2 * intrin.lanes] = np.iinfo(intrin.activation).min, high
         reference = a @ w.T
         a, w = a.astype(intrin.activation), w.astype(intrin.weight)
     packed = w.reshape(_PANELS, intrin.lanes, _STEPS, intrin.depth).transpose(0, 2, 1, 3).copy()
@@ -71,9 +75,10 @@ def _operands(intrin: DotIntrinsic) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 @pytest.mark.parametrize("intrin", INTRINSICS, ids=lambda i: i.name)
 def test_each_intrinsic_compiles_to_its_units_instruction(intrin):
     asm = _packed_matmul(intrin, _MCPU[intrin.unit]).inspect_source("asm")
-    assert _INSTRUCTION[intrin.unit] in asm.split()
+    assert intrin.instruction in asm.split()
     assert "jitserve_dpbf16ps_512" not in asm  # the imported LLVM function is inlined
-    assert "vpmaddubsw" not in asm.split()  # it saturates
+    # It saturates: only where the weights' pairs were checked to keep its bound.
+    assert ("vpmaddubsw" in asm.split()) == (intrin.instruction == "vpmaddubsw")
 
 
 @pytest.mark.parametrize("intrin", INTRINSICS, ids=lambda i: i.name)

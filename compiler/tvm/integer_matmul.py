@@ -1,0 +1,190 @@
+"""Integer matmuls kept in integers: a quantized model's ``MatMulInteger`` computed on the CPU's int8
+unit instead of as an int32 matmul.
+
+TVM's importer widens both operands of ``MatMulInteger`` to int32 and subtracts their zero points
+before an int32 matmul: exact, but each product is a 32-bit multiply (``vpmulld``), slower than fp32.
+Here such a matmul by a constant weight ``W`` (int8 or uint8, ``K x N``, with zero point ``zw``, per
+tensor or per column) becomes
+
+    C[m, n] = sum_k A[m, k] * W'[k, n] - za * colsum(W')[n],    W' = W - zw (int16, exact)
+
+with ``A`` the uint8/int8 activation and ``za`` its zero point. ``W'`` is packed once into panels of 8
+columns by groups of ``k``: the layouts of :mod:`compiler.tvm.intrinsics`' AVX2 dot products, which
+:class:`compiler.tvm.schedules.integer.IntegerContraction` tensorizes the ``integer_matmul`` block into.
+
+- ``(N/8, K/4, 8, 4)`` int8, where ``A`` is uint8 and ``W'`` is int8 whose pairs of ``k`` keep
+  ``BYTE_PAIR_BOUND`` (:func:`byte_pairs_fit`: 7-bit weights always do): ``vpmaddubsw``, exact there.
+- ``(N/8, K/2, 8, 2)`` int16 otherwise, ``A`` widened to int16 once per request: ``vpmaddwd``, which
+  multiplies int16 pairs into int32 and never saturates. (ONNX Runtime's AVX2 kernel takes
+  ``vpmaddubsw`` on any weight, and its answers then depend on the data.)
+
+The column sums are weight work too.
+
+An int8 initializer is no jitserve weight (weights are float tensors, :mod:`compiler.models.weights`):
+it is a constant of the graph, and its panels are folded into the kernel's constants when it compiles.
+
+Runs in the compile child only (imports TVM).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from .intrinsics import BYTE_PAIR_BOUND
+from .panels import _static, weight_vars
+
+_CONSTANT_FORMS = ("relax.astype", "relax.expand_dims", "relax.reshape")
+PANEL_LANES = 8
+"""int32 outputs per panel: one AVX2 vector."""
+BYTE_GROUP = 4
+"""k per int32 lane in a byte panel: two pairs, each summed by vpmaddubsw, then both by vpmaddwd."""
+INTEGER_MATMUL = "integer_matmul"
+"""The product block's name, which the schedule rule looks for."""
+
+
+def _integer_panel_matmul(x: te.Tensor, panels: te.Tensor, column_sums: te.Tensor, x_zero: te.Tensor, columns: int):
+    *lead, rows, _ = (int(d) for d in x.shape)
+    count, steps, lanes, pair = (int(d) for d in panels.shape)
+    step = te.reduce_axis((0, steps), name="k_pair")
+    within = te.reduce_axis((0, pair), name="k_within")
+    product = te.compute(
+        (*lead, rows, count, lanes),
+        lambda *i: te.sum(
+            x[(*i[:-2], step * pair + within)].astype("int32") * panels[i[-2], step, i[-1], within].astype("int32"),
+            axis=[step, within],
+        ),
+        name=INTEGER_MATMUL,
+    )
+    return te.compute(
+        (*lead, rows, columns),
+        lambda *i: product[(*i[:-1], i[-1] // lanes, i[-1] % lanes)] - x_zero() * column_sums[i[-1]],
+        name="columns",
+    )
+
+
+def _widened(expr: relax.Expr, lookup) -> tuple[relax.Expr, relax.Expr | None] | None:
+    """``expr`` as (the int8/uint8 tensor it widened to int32, the zero point subtracted or None):
+    ``astype(q, "int32") - zero`` or ``astype(q, "int32")``, through the bindings ``lookup`` finds."""
+    zero = None
+    value = lookup(expr) if isinstance(expr, relax.Var) else expr
+    if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.subtract":
+        expr, zero = value.args
+        value = lookup(expr) if isinstance(expr, relax.Var) else expr
+    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.astype"):
+        return None
+    source = value.args[0]
+    if source.ty.dtype not in ("int8", "uint8") or value.ty.dtype != "int32":
+        return None
+    return source, zero
+
+
+@relax.expr_functor.mutator
+class _IntegerMatmuls(relax.PyExprMutator):
+    def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
+        super().__init__(mod)
+        self.weights = weights
+        self.rewritten = 0
+
+    def _lookup(self, var: relax.Var) -> relax.Expr | None:
+        return self.lookup_binding(var)
+
+    def _is_weight(self, expr: relax.Expr) -> bool:
+        return isinstance(expr, tvm.ir.GenericConst) or expr in self.weights
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "int32":
+            return call
+        activation, weight = (_widened(arg, self._lookup) for arg in call.args)
+        if activation is None or weight is None or not self._is_weight(weight[0]):
+            return call
+        (x, x_zero), (w, w_zero) = activation, weight
+        data, shape = _static(x), _static(w)
+        if data is None or shape is None or len(shape) != 2 or len(data) < 2 or shape[0] % 2:
+            return call
+        if x_zero is not None and _static(x_zero) != []:
+            return call  # a per-row activation zero point: not MatMulInteger's per-tensor one
+        if w_zero is not None and (
+            not self._is_weight(w_zero) or _static(w_zero) not in ([], [shape[1]], [1, shape[1]])
+        ):
+            return call
+        depth, columns = shape
+        zero_value = None if w_zero is None else self._constant(w_zero)
+        if isinstance(w, tvm.ir.GenericConst) and (w_zero is None or zero_value is not None):
+            exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
+            sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
+            if x.ty.dtype == "uint8" and byte_pairs_fit(exact):
+                panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
+            else:
+                panels = relax.const(pack_panels(exact, 2))
+        else:
+            panels, sums = self._packed(w, w_zero, depth, columns)
+        zero = relax.const(0, "int32") if x_zero is None else x_zero
+        self.rewritten += 1
+        if panels.ty.dtype == "int16":  # widened once per request, not per row and pair of k in the product
+            x = self.builder_.emit(relax.op.astype(x, "int16"))
+        return self.builder_.call_te(
+            _integer_panel_matmul, x, panels, sums, zero, columns, primfunc_name_hint=INTEGER_MATMUL
+        )
+
+    def _packed(self, w, w_zero, depth: int, columns: int) -> tuple[relax.Expr, relax.Expr]:
+        """A weight parameter's panels and column sums, as weight work (lifted into the weight transform)."""
+        exact = relax.op.astype(w, "int16")
+        if w_zero is not None:
+            exact = relax.op.subtract(exact, relax.op.astype(w_zero, "int16"))
+        exact = self.builder_.emit(exact)
+        sums = self.builder_.emit(relax.op.sum(relax.op.astype(exact, "int32"), axis=[0]))
+        count = -(-columns // PANEL_LANES)
+        if count * PANEL_LANES != columns:
+            exact = relax.op.nn.pad(exact, [0, 0, 0, count * PANEL_LANES - columns])
+        panels = relax.op.reshape(exact, [depth // 2, 2, count, PANEL_LANES])
+        return self.builder_.emit(relax.op.permute_dims(panels, [2, 0, 3, 1])), sums
+
+    def _constant(self, expr: relax.Expr) -> np.ndarray | None:
+        """``expr``'s value where it is a constant, or a constant cast or reshaped (the importer's widened zero
+        point, a per-column one as a row)."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, relax.Call) and getattr(value.op, "name", "") in _CONSTANT_FORMS:
+            inner = self._constant(value.args[0])
+            shape = _static(value)
+            if inner is None or shape is None:
+                return None
+            return inner.astype(str(value.ty.dtype)).reshape(shape)
+        return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
+
+
+def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
+    """A ``K x N`` weight (K a multiple of ``group``) as ``(N/8, K/group, 8, group)`` panels, zeros past N.
+    Computed here for a constant: folded by TVM, each of BERT-base's 72 took a compile of its own
+    (fold_constants: 0.8 -> 4.4 s on a one-layer encoder)."""
+    depth, columns = exact.shape
+    count = -(-columns // PANEL_LANES)
+    padded = np.zeros((depth, count * PANEL_LANES), exact.dtype)
+    padded[:, :columns] = exact
+    return np.ascontiguousarray(padded.reshape(depth // group, group, count, PANEL_LANES).transpose(2, 0, 3, 1))
+
+
+def byte_pairs_fit(exact: np.ndarray) -> bool:
+    """Whether ``exact`` (``K x N``, zero point subtracted) can be multiplied by uint8 activations with
+    ``vpmaddubsw`` exactly: int8 values, K a multiple of 4, and in every column each pair of k it sums
+    (k = 2p, 2p + 1) keeps :data:`compiler.tvm.intrinsics.BYTE_PAIR_BOUND`."""
+    depth, columns = exact.shape
+    if depth % BYTE_GROUP or exact.min(initial=0) < -128 or exact.max(initial=0) > 127:
+        return False
+    pairs = exact.astype(np.int32).reshape(depth // 2, 2, columns)
+    positive, negative = np.clip(pairs, 0, None).sum(axis=1), np.clip(pairs, None, 0).sum(axis=1)
+    return int(positive.max(initial=0)) <= BYTE_PAIR_BOUND and int(negative.min(initial=0)) >= -BYTE_PAIR_BOUND
+
+
+def integer_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
+    """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed int16
+    panels (see the module's docstring), and how many it rewrote. Run before ``LiftTransformParams``
+    and ``FoldConstant``: the packing and the column sums are weight work."""
+    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
+        return mod, 0
+    mutator = _IntegerMatmuls(mod, weight_vars(mod["main"]))
+    g_var = mod.get_global_var("main")
+    mutator.builder_.update_func(g_var, mutator.visit_expr(mod["main"]))
+    return mutator.builder_.get(), mutator.rewritten

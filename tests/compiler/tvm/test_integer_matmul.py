@@ -1,0 +1,110 @@
+"""Quantized matmuls kept in integers (compiler/tvm/integer_matmul.py, schedules/integer.py): an ONNX
+``MatMulInteger`` by a constant int8 weight compiles to int16 panels tensorized into ``vpmaddwd``, or,
+for 7-bit weights, int8 panels into ``vpmaddubsw``; either answers exactly as the spec's int32 arithmetic
+does, at the extremes of its operands."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from compiler.building.matrix_units import host_matrix_units
+from compiler.tvm.build import compile_relax, import_relax
+from compiler.tvm.integer_matmul import byte_pairs_fit, integer_matmuls
+from compiler.tvm.pipeline import tuned_module_stages
+
+TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the int8 kernels here need AVX2")
+
+
+def _matmul_integer(rows: int, depth: int, columns: int, weight: np.ndarray, weight_zero: np.ndarray) -> bytes:
+    """``y = MatMulInteger(a, W, a_zero, W_zero)``: ``a`` uint8 and its zero point inputs, ``W`` int8 with a
+    zero point per column."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"])],
+        "matmul_integer",
+        [
+            helper.make_tensor_value_info("a", TensorProto.UINT8, [1, rows, depth]),
+            helper.make_tensor_value_info("a_zero", TensorProto.UINT8, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, rows, columns])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(weight_zero, "w_zero")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+def _extreme_operands(rows: int, depth: int, columns: int, bits: int = 8):
+    """8 bits: weights and zero points over int8's range, whose pair sums with 255 overflow int16 twice over.
+    7 bits (``reduce_range``): weights of -64..64 and no zero point, the first two columns' pairs summing
+    to -128 and 128, vpmaddubsw's bound."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (1, rows, depth)).astype(np.uint8)
+    low, high = (-128, 127) if bits == 8 else (-64, 64)
+    w = rng.integers(low, high + 1, (depth, columns)).astype(np.int8)
+    a[0, 0], w[:, 0] = 255, low
+    a[0, 1], w[:, 1] = 0, high
+    w_zero = rng.integers(-128, 128, columns).astype(np.int8) if bits == 8 else np.zeros(columns, np.int8)
+    w_zero[0] = 127 if bits == 8 else 0
+    return a, w, w_zero
+
+
+def _compiled(model: bytes, rows: int, depth: int):
+    bucket = {"a": (1, rows, depth), "a_zero": ()}
+    mod = import_relax(onnx.load_from_string(model), bucket, {"a": "uint8", "a_zero": "uint8"})
+    observed: dict = {}
+    executable = compile_relax(mod, TARGET, observed=observed)
+    return relax.VirtualMachine(executable, tvm.cpu()), observed
+
+
+@pytest.mark.parametrize(("bits", "rows", "depth", "columns"), [(8, 5, 34, 20), (7, 5, 36, 20)])
+def test_a_matmul_integer_is_computed_exactly_on_its_panels(bits, rows, depth, columns):
+    a, w, w_zero = _extreme_operands(rows, depth, columns, bits)
+    model = _matmul_integer(rows, depth, columns, w, w_zero)
+    vm, observed = _compiled(model, rows, depth)
+    assert "IntegerContraction" in observed["schedules"].values()
+    for a_zero in (0, 131, 255):
+        got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(np.array(a_zero, np.uint8))).numpy()
+        want = (a.astype(np.int64) - a_zero) @ (w.astype(np.int64) - w_zero.astype(np.int64))
+        np.testing.assert_array_equal(got, want.astype(np.int32))
+
+
+def test_only_matmuls_by_constant_int8_weights_of_even_depth_are_rewritten():
+    for depth, rewritten in ((34, 1), (33, 0)):
+        _, w, w_zero = _extreme_operands(4, depth, 16)
+        model = onnx.load_from_string(_matmul_integer(4, depth, 16, w, w_zero))
+        mod = import_relax(model, {"a": (1, 4, depth), "a_zero": ()}, {"a": "uint8", "a_zero": "uint8"})
+        assert integer_matmuls(mod)[1] == rewritten, depth
+
+
+def test_byte_pairs_fit_vpmaddubsw_exactly_up_to_its_bound():
+    column = np.zeros((8, 1), np.int16)
+    for pair, fits in (((64, 64), True), ((65, 64), False), ((-64, -64), True), ((-64, -65), False),
+                       ((127, -128), True), ((127, 2), False)):  # fmt: skip
+        column[2:4, 0] = pair
+        assert byte_pairs_fit(column) == fits, pair
+    assert not byte_pairs_fit(np.zeros((6, 1), np.int16))  # k in groups of 4
+    assert not byte_pairs_fit(np.full((8, 1), 200, np.int16))  # no int8 (a zero point subtracted)
+
+
+@pytest.mark.parametrize(("bits", "instruction"), [(8, "vpmaddwd"), (7, "vpmaddubsw")])
+def test_the_integer_kernel_saturates_bytes_only_where_every_pair_fits(bits, instruction):
+    _, w, w_zero = _extreme_operands(8, 64, 48, bits)
+    bucket = {"a": (1, 8, 64), "a_zero": ()}
+    mod = import_relax(onnx.load_from_string(_matmul_integer(8, 64, 48, w, w_zero)), bucket,
+                       {"a": "uint8", "a_zero": "uint8"})  # fmt: skip
+    target = tvm.target.Target(TARGET)
+    with target:
+        for _, passes in tuned_module_stages(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+    from compiler.tvm.schedules import IntegerContraction
+
+    kernels = [f for gv, f in mod.functions_items() if "integer_matmul" in gv.name_hint]
+    assert len(kernels) == 1
+    sch = IntegerContraction().apply(kernels[0], target, False)
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+    words = lib.inspect_source("asm").split()
+    assert instruction in words and ("vpmaddubsw" in words) == (instruction == "vpmaddubsw")
