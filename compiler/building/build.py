@@ -180,6 +180,7 @@ def compile_bucket(
                     verify_sizes=verify_sizes,
                     explain_dir=str(staging / EXPLAIN_DIR) if options.explain else None,
                     explain_code=options.explain_code,
+                    budget=options.budget.model_dump() if options.budget else None,
                 )
                 facts = run_in_child(
                     builder,

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ..running.precision import AccuracyBudget
 from ..shapes.buckets import Bucket
 from ..tvm import PIPELINE, shipped_tuning_digest
 
@@ -101,6 +102,9 @@ class CompileOptions(BaseModel):
     explain_code: bool = Field(
         False, description="put the generated code (assembly; CUDA source) in the bundle: a second codegen"
     )
+    budget: AccuracyBudget | None = Field(
+        None, description="verify within this budget instead of the tolerances (a quantized model's int8 contract)"
+    )
 
     def child_limits(self) -> dict:
         """``run_in_child``'s priority and memory arguments for a child working for this compile."""
@@ -119,6 +123,8 @@ class CompileOptions(BaseModel):
             "pipeline": PIPELINE,
             "verify": {"rtol": self.rtol, "atol": self.atol, "seed": self.seed},
         }
+        if self.budget is not None:
+            key["verify"]["budget"] = self.budget.model_dump(exclude_none=True)
         if self.tune_trials:
             key["tune"] = [self.tune_trials, self.tune_trials_per_task]
         if self.shipped_tuning:  # its records choose schedules: a new release's file, new kernels
@@ -165,6 +171,9 @@ class BuildJob:
     """Where to write the bucket's explain bundle (IR per stage, kernels traced to ONNX nodes)."""
     explain_code: bool = False
     """Whether the bundle holds the generated code too (assembly, CUDA source)."""
+    budget: dict | None = None
+    """An :class:`~compiler.running.precision.AccuracyBudget`'s fields: verified within it, not the
+    tolerances."""
 
 
 @dataclass(frozen=True)

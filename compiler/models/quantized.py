@@ -91,3 +91,72 @@ def _constant(name: str, initializers: dict, producers: dict) -> np.ndarray | No
     node = producers.get(name)
     value = constant_value(node) if node is not None else None
     return None if value is None else numpy_helper.to_array(value)
+
+
+_COMPILED_INTEGER_OPS = frozenset({"DynamicQuantizeLinear", "MatMulInteger"})
+"""What the compiled tier computes in integers (``compiler.tvm.integer_matmul``); the rest of the graph
+runs in float as it does in ONNX Runtime."""
+
+
+BYTE_PAIR_BOUND = 128
+"""``vpmaddubsw`` sums two uint8 x int8 products into an int16 lane, saturating. With activations up to 255
+it is exact where, in each pair of weights it sums, the positive parts add up to at most 128 and the
+negative ones to at least -128 (255 x 128 = 32640 fits int16; 255 x 129 does not). ONNX Runtime's AVX2
+kernels use it on any weight, and their answers then depend on the data; 7-bit weights (``reduce_range``)
+always keep the bound."""
+
+
+def byte_pairs_fit(exact: np.ndarray) -> bool:
+    """Whether ``exact`` (a ``K x N`` integer weight, zero point subtracted) is multiplied by uint8
+    activations exactly with ``vpmaddubsw``: int8 values, and in every column each pair of k it sums
+    (k = 2p, 2p + 1; K even) keeps :data:`BYTE_PAIR_BOUND`."""
+    depth, columns = exact.shape
+    if depth % 2 or exact.min(initial=0) < -128 or exact.max(initial=0) > 127:
+        return False
+    pairs = exact.astype(np.int32).reshape(depth // 2, 2, columns)
+    positive, negative = np.clip(pairs, 0, None).sum(axis=1), np.clip(pairs, None, 0).sum(axis=1)
+    return int(positive.max(initial=0)) <= BYTE_PAIR_BOUND and int(negative.min(initial=0)) >= -BYTE_PAIR_BOUND
+
+
+def integer_weights_fit_byte_pairs(model: onnx.ModelProto) -> bool:
+    """Whether every ``MatMulInteger`` multiplies by a constant weight with no zero point whose pairs keep
+    :data:`BYTE_PAIR_BOUND`: there ONNX Runtime's AVX2 kernels never saturate, and answer exactly."""
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "MatMulInteger":
+            continue
+        weight = _constant(node.input[1], constants, producers)
+        zero = _constant(node.input[3], constants, producers) if len(node.input) > 3 and node.input[3] else None
+        if weight is None or weight.ndim != 2 or (zero is not None and np.any(zero != 0)):
+            return False
+        if not byte_pairs_fit(weight.astype(np.int16)):
+            return False
+    return True
+
+
+def integer_path_refusal(model: onnx.ModelProto) -> str | None:
+    """Why the compiled tier would not keep ``model``'s integer arithmetic in integers; None where it keeps
+    all of it: every integer op a ``DynamicQuantizeLinear`` or a ``MatMulInteger`` by a constant 2-D int8
+    or uint8 weight of even depth, with a per-tensor zero point on its activation (a dynamically quantized
+    transformer, as ``onnxruntime.quantization.quantize_dynamic`` makes them)."""
+    ops = integer_ops(model)
+    others = [op for op in ops if op not in _COMPILED_INTEGER_OPS]
+    if others:
+        return f"{', '.join(others)} computed in integers only by ONNX Runtime"
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "MatMulInteger":
+            continue
+        weight = _constant(node.input[1], constants, producers) if len(node.input) > 1 else None
+        if weight is None or weight.ndim != 2 or weight.dtype not in (np.int8, np.uint8) or weight.shape[0] % 2:
+            return (
+                f"MatMulInteger {node.name or node.output[0]!r} multiplies by no constant 2-D int8 weight of even depth"
+            )
+        zero = _constant(node.input[2], constants, producers) if len(node.input) > 2 and node.input[2] else None
+        if zero is not None and zero.size != 1:
+            return f"MatMulInteger {node.name or node.output[0]!r} has a zero point per row of its activation"
+    return None

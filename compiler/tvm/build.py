@@ -27,6 +27,7 @@ from ..models.signature import fix_input_shapes
 from ..models.weights import GRAPH_NAME, load_weights
 from ..running.arrays import Comparison, compare_outputs, random_inputs
 from ..running.engines import OrtEngine, TvmEngine
+from ..running.precision import AccuracyBudget, compare_within_budget
 from ..shapes.buckets import dim_step, is_symbolic
 from . import COMPILER_VERSION
 from .explain import StageRecorder, write_bundle
@@ -297,6 +298,8 @@ def _judge(outputs, expected, job: BuildJob) -> Comparison:
         return Comparison(False, 0.0, None, f"the kernel answers where ONNX Runtime refuses: {_last_line(expected)}")
     if isinstance(outputs, Exception):
         return Comparison(False, 0.0, None, f"the kernel refuses where ONNX Runtime answers: {_last_line(outputs)}")
+    if job.budget is not None:
+        return compare_within_budget(outputs, expected, AccuracyBudget(**job.budget))
     return compare_outputs(outputs, expected, job.rtol, job.atol)
 
 

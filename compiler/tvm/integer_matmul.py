@@ -13,7 +13,8 @@ columns by groups of ``k``: the layouts of :mod:`compiler.tvm.intrinsics`' AVX2 
 :class:`compiler.tvm.schedules.integer.IntegerContraction` tensorizes the ``integer_matmul`` block into.
 
 - ``(N/8, K/4, 8, 4)`` int8, where ``A`` is uint8 and ``W'`` is int8 whose pairs of ``k`` keep
-  ``BYTE_PAIR_BOUND`` (:func:`byte_pairs_fit`: 7-bit weights always do): ``vpmaddubsw``, exact there.
+  ``BYTE_PAIR_BOUND`` (:func:`compiler.models.quantized.byte_pairs_fit`: 7-bit weights always do):
+  ``vpmaddubsw``, exact there.
 - ``(N/8, K/2, 8, 2)`` int16 otherwise, ``A`` widened to int16 once per request: ``vpmaddwd``, which
   multiplies int16 pairs into int32 and never saturates. (ONNX Runtime's AVX2 kernel takes
   ``vpmaddubsw`` on any weight, and its answers then depend on the data.)
@@ -32,7 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from .intrinsics import BYTE_PAIR_BOUND
+from ..models.quantized import byte_pairs_fit
 from .panels import _static, weight_vars
 
 _CONSTANT_FORMS = ("relax.astype", "relax.expand_dims", "relax.reshape")
@@ -115,7 +116,7 @@ class _IntegerMatmuls(relax.PyExprMutator):
         if isinstance(w, tvm.ir.GenericConst) and (w_zero is None or zero_value is not None):
             exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
             sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
-            if x.ty.dtype == "uint8" and byte_pairs_fit(exact):
+            if x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0 and byte_pairs_fit(exact):
                 panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
             else:
                 panels = relax.const(pack_panels(exact, 2))
@@ -166,22 +167,10 @@ def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(depth // group, group, count, PANEL_LANES).transpose(2, 0, 3, 1))
 
 
-def byte_pairs_fit(exact: np.ndarray) -> bool:
-    """Whether ``exact`` (``K x N``, zero point subtracted) can be multiplied by uint8 activations with
-    ``vpmaddubsw`` exactly: int8 values, K a multiple of 4, and in every column each pair of k it sums
-    (k = 2p, 2p + 1) keeps :data:`compiler.tvm.intrinsics.BYTE_PAIR_BOUND`."""
-    depth, columns = exact.shape
-    if depth % BYTE_GROUP or exact.min(initial=0) < -128 or exact.max(initial=0) > 127:
-        return False
-    pairs = exact.astype(np.int32).reshape(depth // 2, 2, columns)
-    positive, negative = np.clip(pairs, 0, None).sum(axis=1), np.clip(pairs, None, 0).sum(axis=1)
-    return int(positive.max(initial=0)) <= BYTE_PAIR_BOUND and int(negative.min(initial=0)) >= -BYTE_PAIR_BOUND
-
-
 def integer_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
-    """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed int16
-    panels (see the module's docstring), and how many it rewrote. Run before ``LiftTransformParams``
-    and ``FoldConstant``: the packing and the column sums are weight work."""
+    """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed panels (see
+    the module's docstring), and how many it rewrote. Run before ``LiftTransformParams`` and
+    ``FoldConstant``: the packing and the column sums are weight work."""
     if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
         return mod, 0
     mutator = _IntegerMatmuls(mod, weight_vars(mod["main"]))

@@ -6,9 +6,9 @@ row ``A`` of the activation and a packed panel ``B`` of the weights (``lanes`` o
 ``depth`` reduction steps, depth innermost, as the weight transform packs them). All are exact in their
 accumulator on the weights they are used for.
 
-- ``avx2``: operands widened to int16 and multiplied in pairs (``vpmaddwd``); or, for weights whose pairs
-  keep :data:`BYTE_PAIR_BOUND`, bytes multiplied in pairs into int16 (``vpmaddubsw``), which saturates
-  on others (two products of 255 x 127 overflow it).
+- ``avx2``: operands widened to int16 and multiplied in pairs (``vpmaddwd``); or, for weights whose
+  pairs keep :data:`compiler.models.quantized.BYTE_PAIR_BOUND`, bytes multiplied in pairs into int16
+  (``vpmaddubsw``), which saturates on others (two products of 255 x 127 overflow it).
 - ``avx-vnni`` / ``avx512-vnni``: ``vpdpbusd``, four u8 x s8 products into each int32 lane. TVM 0.27's own
   ``dot_16x4_vnni`` no longer tensorizes with LLVM 22 (its operands are ``<64 x i8>`` now).
 - ``avx512-bf16``: ``vdpbf16ps``, two bf16 products into each float32 lane. bf16 is stored as uint16
@@ -40,7 +40,7 @@ class DotIntrinsic:
     depth: int
     instruction: str
     """What computes it: ``vpmaddwd``, ``vpmaddubsw`` (exact only on weights whose pairs fit, see
-    :data:`BYTE_PAIR_BOUND`), ``vpdpbusd``, ``vdpbf16ps``."""
+    :data:`compiler.models.quantized.BYTE_PAIR_BOUND`), ``vpdpbusd``, ``vdpbf16ps``."""
 
     def named(self, scope: str) -> str:
         """The name it is registered by for accumulators in ``scope`` (tensorize matches the scope):
@@ -100,15 +100,6 @@ def _avx2_impl(intrin: DotIntrinsic, scope: str):
             )
 
     return impl
-
-
-BYTE_PAIR_BOUND = 128
-"""``vpmaddubsw`` sums two uint8 x int8 products into an int16 lane, saturating. With activations up to 255 it
-is exact where, in each pair of weights it sums, the positive parts add up to at most 128 and the negative
-ones to at least -128 (255 x 128 = 32640 fits int16; 255 x 129 does not). ONNX Runtime's AVX2 kernels use it
-on any weight, and their answers then depend on the data; here a weight is packed for it only where every
-pair keeps the bound (7-bit weights, ``reduce_range``, always do), checked when it is packed
-(:func:`compiler.tvm.integer_matmul.byte_pairs_fit`)."""
 
 
 def _avx2_bytes_impl(intrin: DotIntrinsic, scope: str):
@@ -209,7 +200,8 @@ INTRINSICS = (
     # Both operands widened ahead, the weights made exact in int16 by subtracting their zero point
     # (compiler/tvm/integer_matmul.py): an activation pair is then one broadcast load.
     DotIntrinsic("jitserve_dot_8x2_s16s16_avx2", "avx2", "int16", "int16", "int32", 8, 2, "vpmaddwd"),
-    # Weights whose pairs keep BYTE_PAIR_BOUND: half the weight bytes, a quarter fewer instructions.
+    # Weights whose pairs keep compiler.models.quantized.BYTE_PAIR_BOUND: half the weight bytes, a quarter
+    # fewer instructions.
     DotIntrinsic("jitserve_dot_8x4_u8s8_avx2_bounded", "avx2", "uint8", "int8", "int32", 8, 4, "vpmaddubsw"),
     DotIntrinsic("jitserve_dot_8x4_u8s8_avx_vnni", "avx-vnni", "uint8", "int8", "int32", 8, 4, "vpdpbusd"),
     DotIntrinsic("jitserve_dot_16x4_u8s8_avx512_vnni", "avx512-vnni", "uint8", "int8", "int32", 16, 4, "vpdpbusd"),

@@ -26,11 +26,12 @@ class _Images(CalibrationDataReader):
         return next(self._batches, None)
 
 
-def dynamic_quantized_encoder(directory: Path) -> bytes:
-    """A BERT-style encoder quantized as transformers' are for the CPU (MatMulInteger on int8 weights)."""
-    source, target = directory / "encoder.onnx", directory / "encoder_int8.onnx"
+def dynamic_quantized_encoder(directory: Path, *, reduce_range: bool = False) -> bytes:
+    """A BERT-style encoder quantized as transformers' are for the CPU (MatMulInteger on int8 weights; 7-bit
+    ones with ``reduce_range``, as ONNX Runtime advises for AVX2 CPUs)."""
+    source, target = directory / "encoder.onnx", directory / f"encoder_int8_{reduce_range}.onnx"
     source.write_bytes(synthetic.bert_encoder_model(layers=1, hidden=64, heads=4, seq=16))
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, reduce_range=reduce_range)
     return target.read_bytes()
 
 
@@ -103,3 +104,18 @@ def test_within_one_quantization_step_on_all_but_a_thousandth_of_elements():
     nan = off(0, 0.0)
     nan["y"][0] = np.nan
     assert not compare_outputs(nan, want, 1e-3, 1e-4, steps={"y": step}).matches
+
+
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_a_dynamically_quantized_encoder_is_kept_in_integers_by_the_compiled_tier(tmp_path, reduce_range):
+    """Every integer op of it is one the compiled tier keeps in integers; only its 7-bit weights never
+    saturate ONNX Runtime's AVX2 kernels."""
+    model = load_model(dynamic_quantized_encoder(tmp_path, reduce_range=reduce_range), max_bytes=1 << 26)
+    assert model.integer_ops == ("DynamicQuantizeLinear", "MatMulInteger")
+    assert model.integer_refusal is None and model.integer_weights_fit == reduce_range
+
+
+@pytest.mark.parametrize("quant_format", [QuantFormat.QDQ, QuantFormat.QOperator])
+def test_a_statically_quantized_convnet_is_not_kept_in_integers_and_says_which_ops(tmp_path, quant_format):
+    model = load_model(static_quantized_convnet(tmp_path, quant_format), max_bytes=1 << 26)
+    assert model.integer_refusal is not None and "computed in integers only by ONNX Runtime" in model.integer_refusal

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from compiler.building.build import CompileOutcome, compile_bucket
+from compiler.building.matrix_units import host_matrix_units
 from compiler.building.options import CompileOptions
 from compiler.building.target import canonical_target, target_kind
 from compiler.errors import CompileCrashedError, CompileTimeoutError, JitServeError
@@ -36,6 +37,30 @@ CompileFunction = Callable[..., CompileOutcome]
 
 DYNAMIC_TIER = "tvm-dynamic"
 """The ``tier`` label of a dynamic bucket's compiles (one symbolic kernel per size range)."""
+
+
+def integer_refusal(served: ServedModel) -> str | None:
+    """Why a quantized model's buckets get no TVM compile; None where they do (or it is not quantized): its
+    integer ops all kept in integers (``compiler.tvm.integer_matmul``), on a CPU with an int8 unit, where
+    its kernels can verify: ONNX Runtime answers exactly too (its weights' pairs never saturate its AVX2
+    kernels' int16 sums, or the CPU has VNNI or AMX), or a contract allows int8 within a budget."""
+    model, contract = served.model, served.record.config.precision
+    if not model.integer_ops:
+        return None
+    if model.integer_refusal:
+        return f"{model.integer_refusal}, which the compiled tier would run in float"
+    if target_kind(served.target) != "llvm":
+        return "the compiled tier keeps integers in integers on the CPU only"
+    missing = host_matrix_units().missing("int8")
+    if missing:
+        return missing
+    exact_peer = model.integer_weights_fit or host_matrix_units().unit("int8") != "avx2"
+    if not exact_peer and (contract is None or "int8" not in contract.allow):
+        return (
+            "ONNX Runtime's AVX2 kernels saturate some sums of its weights' pairs, where the compiled tier's are "
+            "exact: a precision contract that allows int8 lets them compete"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -122,11 +147,9 @@ class BucketBuilder:
             return
         built: TierBuild | None = None
         candidates: dict[str, Engine] = {}
-        if served.model.integer_ops:  # no compile spent where TVM can only lose (compiler/models/quantized.py)
-            failure = (
-                f"not compiled: a quantized graph ({', '.join(served.model.integer_ops)}), whose integer "
-                "arithmetic TVM would run in float"
-            )
+        refusal = integer_refusal(served)
+        if refusal:  # no compile spent where TVM can only lose (compiler/models/quantized.py)
+            failure = f"not compiled: a quantized graph ({', '.join(served.model.integer_ops)}): {refusal}"
         else:
             built = self._compile_tvm(served, bucket)
             failure = built.failure

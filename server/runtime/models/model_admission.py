@@ -235,7 +235,7 @@ class ModelAdmission:
         set up now; otherwise its padding probe is pending, and they wait for its verdicts."""
         config = record.config
         target = model_target(self.settings, config, self.kernel_threads)
-        options = compile_options(self.settings, config, self.tuning_database_dir)
+        options = compile_options(self.settings, config, self.tuning_database_dir, quantized=bool(model.integer_ops))
         policies = {axis: config.policy_for(axis) for axis in model.signature.axes()}
         planner = BucketPlanner(model.signature, policies, record.safety, config.overflow, warm_sizes(model, config))
         served = ServedModel(

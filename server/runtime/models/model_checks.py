@@ -14,6 +14,7 @@ from compiler.errors import BadRequestError, InvalidModelError
 from compiler.models.memory import check_model_fits, check_sizes_fit
 from compiler.models.model import LoadedModel
 from compiler.running.engines import OrtEngine
+from compiler.running.precision import budget_for
 from compiler.shapes.buckets import AxisPolicy, AxisSafety, Bucket, BucketPlanner, bucket_label
 
 from ...settings import Settings
@@ -41,8 +42,12 @@ def open_onnxruntime(settings: Settings, model: LoadedModel, target: dict) -> Or
         raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
 
 
-def compile_options(settings: Settings, config: ModelConfig, database_dir: Path) -> CompileOptions:
-    """How the model's kernels are compiled and verified: the config's tolerances over the settings'."""
+def compile_options(
+    settings: Settings, config: ModelConfig, database_dir: Path, *, quantized: bool = False
+) -> CompileOptions:
+    """How the model's kernels are compiled and verified: the config's tolerances over the settings'; a
+    quantized model's within its contract's budget where the contract allows int8 (the compiled tier's
+    integer arithmetic is not ONNX Runtime's, :func:`compiler.running.precision.budget_for`)."""
     return CompileOptions(
         rtol=config.rtol or settings.verify_rtol,
         atol=config.atol or settings.verify_atol,
@@ -54,6 +59,7 @@ def compile_options(settings: Settings, config: ModelConfig, database_dir: Path)
         nice=settings.compile_nice,
         idle_priority=settings.compile_idle_priority,
         explain=settings.explain_bundles,
+        budget=budget_for("tvm", config.precision, quantized),
     )
 
 

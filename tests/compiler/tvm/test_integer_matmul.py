@@ -13,8 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from compiler.building.matrix_units import host_matrix_units
+from compiler.models.quantized import byte_pairs_fit
 from compiler.tvm.build import compile_relax, import_relax
-from compiler.tvm.integer_matmul import byte_pairs_fit, integer_matmuls
+from compiler.tvm.integer_matmul import integer_matmuls
 from compiler.tvm.pipeline import tuned_module_stages
 
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
@@ -86,7 +87,7 @@ def test_byte_pairs_fit_vpmaddubsw_exactly_up_to_its_bound():
                        ((127, -128), True), ((127, 2), False)):  # fmt: skip
         column[2:4, 0] = pair
         assert byte_pairs_fit(column) == fits, pair
-    assert not byte_pairs_fit(np.zeros((6, 1), np.int16))  # k in groups of 4
+    assert not byte_pairs_fit(np.zeros((7, 1), np.int16))  # k in pairs
     assert not byte_pairs_fit(np.full((8, 1), 200, np.int16))  # no int8 (a zero point subtracted)
 
 

@@ -10,7 +10,8 @@ import tvm
 from tvm import s_tir, te
 
 from compiler.building.matrix_units import host_matrix_units
-from compiler.tvm.intrinsics import BYTE_PAIR_BOUND, INTRINSICS, DotIntrinsic, bf16_to_float32_expr
+from compiler.models.quantized import BYTE_PAIR_BOUND
+from compiler.tvm.intrinsics import INTRINSICS, DotIntrinsic, bf16_to_float32_expr
 
 # A CPU LLVM knows with each unit, for the generated-code checks on a machine without it.
 _MCPU = {"avx2": "haswell", "avx-vnni": "alderlake", "avx512-vnni": "cascadelake", "avx512-bf16": "sapphirerapids"}
