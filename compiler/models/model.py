@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, PayloadTooLargeError
 from .indices import IndexBounds, index_bounds
-from .quantized import integer_ops, integer_path_refusal, integer_weights_fit_byte_pairs, output_steps
+from .quantized import integer_ops, integer_path_refusal, output_steps
 from .signature import Signature, read_signature
 from .weights import graph_digest, weight_bytes, weight_data_problem, weightless
 
@@ -46,9 +46,6 @@ class LoadedModel:
     integer_refusal: str | None = None
     """Why the compiled tier would run some of them in float (None where it keeps all of them in integers,
     or there are none): :func:`compiler.models.quantized.integer_path_refusal`."""
-    integer_weights_fit: bool = False
-    """Whether ONNX Runtime's AVX2 kernels multiply its int8 weights without saturating
-    (:func:`compiler.models.quantized.integer_weights_fit_byte_pairs`)."""
     output_steps: dict[str, float] = field(default_factory=dict)
     """The quantization step of each output dequantized from integers: engines' int8 kernels are verified
     against ONNX Runtime's within one step (:func:`compiler.models.quantized.output_steps`)."""
@@ -185,7 +182,6 @@ def _validate(proto: onnx.ModelProto, data: bytes, min_opset: int, max_opset: in
         opset=opset,
         integer_ops=tuple(integer_ops(proto)),
         integer_refusal=integer_path_refusal(proto),
-        integer_weights_fit=integer_weights_fit_byte_pairs(proto),
         output_steps=output_steps(proto),
     )
 

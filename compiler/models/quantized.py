@@ -118,24 +118,6 @@ def byte_pairs_fit(exact: np.ndarray) -> bool:
     return int(positive.max(initial=0)) <= BYTE_PAIR_BOUND and int(negative.min(initial=0)) >= -BYTE_PAIR_BOUND
 
 
-def integer_weights_fit_byte_pairs(model: onnx.ModelProto) -> bool:
-    """Whether every ``MatMulInteger`` multiplies by a constant weight with no zero point whose pairs keep
-    :data:`BYTE_PAIR_BOUND`: there ONNX Runtime's AVX2 kernels never saturate, and answer exactly."""
-    graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    constants = {tensor.name: tensor for tensor in graph.initializer}
-    for node in graph.node:
-        if node.op_type != "MatMulInteger":
-            continue
-        weight = _constant(node.input[1], constants, producers)
-        zero = _constant(node.input[3], constants, producers) if len(node.input) > 3 and node.input[3] else None
-        if weight is None or weight.ndim != 2 or (zero is not None and np.any(zero != 0)):
-            return False
-        if not byte_pairs_fit(weight.astype(np.int16)):
-            return False
-    return True
-
-
 def integer_path_refusal(model: onnx.ModelProto) -> str | None:
     """Why the compiled tier would not keep ``model``'s integer arithmetic in integers; None where it keeps
     all of it: every integer op a ``DynamicQuantizeLinear`` or a ``MatMulInteger`` by a constant 2-D int8

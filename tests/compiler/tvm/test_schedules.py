@@ -1086,3 +1086,25 @@ def test_a_pool_over_a_symbolic_height_and_width_pads_its_map_up_front(store):
     for h, w in ((40, 127), (101, 52)):
         x = {"x": RNG.standard_normal((1, 32, h, w)).astype(np.float32)}
         np.testing.assert_allclose(kernel.run(x)["y"], reference.run(x)["y"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "sum"])
+def test_a_whole_tensor_reduced_to_one_value_is_reduced_in_vector_partials(reduce):
+    """A dynamic quantization's min and max over the whole activation: vector partials folded at the end,
+    as numpy answers (the sum within float32's reassociation)."""
+    x = tvm.te.placeholder((1, 128, 72), "float32", name="x")
+    axes = [tvm.te.reduce_axis((0, n)) for n in (1, 128, 72)]
+    combine = {"max": tvm.te.max, "min": tvm.te.min, "sum": tvm.te.sum}[reduce]
+    out = tvm.te.compute((), lambda: combine(x[axes[0], axes[1], axes[2]], axis=axes), name=reduce)
+    func = tvm.te.create_prim_func([x, out])
+    rule, _ = _first_match(func)
+    assert rule == "RowReduction"
+    target = tvm.target.Target(TARGET)
+    sch = cpu_schedules.RowReduction().apply(func, target, False)
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+    data = np.random.default_rng(0).standard_normal((1, 128, 72)).astype(np.float32)
+    got = tvm.runtime.tensor(np.zeros((), np.float32))
+    lib["main"](tvm.runtime.tensor(data), got)
+    np.testing.assert_allclose(got.numpy(), getattr(np, reduce)(data), rtol=1e-5)
+    vector = {"max": "vmaxps", "min": "vminps", "sum": "vaddps"}[reduce]
+    assert re.search(rf"{vector}\s+[^\n]*%[yz]mm", lib.inspect_source("asm")), reduce
