@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from ..building.build import compile_bucket, open_kernel, profile_kernel
+from ..building.matrix_units import host_matrix_units
 from ..building.options import CompileOptions
 from ..errors import JitServeError
 from ..models.model import LoadedModel
@@ -55,7 +56,7 @@ def bench_bucket(
                 "database_dir": str(store.tuning_database),
             }
         )
-    facts: dict = {"bucket": bucket_label(bucket), "target": kind}
+    facts: dict = {"bucket": bucket_label(bucket), "target": kind, "precision": precisions(model, kind)}
     ranking: dict = {}
     for tier, tier_options in tiers.items():
         outcome = compile_bucket(model, bucket, target, store, tier_options, kernel_times=ranking)
@@ -95,6 +96,16 @@ def bench_bucket(
         "ratio_vs_ort": {tier: round(ms / ort_ms, 2) for tier, ms in latency.items()},
         "ratio_vs_peer": {tier: round(ms / peer_ms, 2) for tier, ms in latency.items() if tier != "openvino"},
     }
+
+
+def precisions(model: LoadedModel, kind: str) -> dict[str, str]:
+    """The arithmetic each engine runs the model in: a quantized model's integer ops in int8 on ONNX
+    Runtime, and on TVM where the compiled tier keeps them in integers (on the CPU's unit), else in fp32."""
+    if not model.integer_ops:
+        return {"onnxruntime": "fp32", "tvm": "fp32", "openvino": "fp32"}
+    unit = host_matrix_units().unit("int8") if kind == "llvm" else None
+    tvm = f"int8 ({unit})" if unit and model.integer_refusal is None else "fp32 (its integer ops run in float)"
+    return {"onnxruntime": "int8", "tvm": tvm, "openvino": "int8"}
 
 
 def _openvino(model, bucket, ort, options, store, *, threads, log) -> tuple[Engine | None, dict]:

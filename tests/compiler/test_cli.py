@@ -117,4 +117,5 @@ def test_bench_prints_one_json_line_per_bucket_and_plots(two_input, tmp_path):
         for tier in ("tvm", "tvm_tuned"):
             assert row["ratio_vs_peer"][tier] == pytest.approx(row[f"{tier}_ms"] / row["peer_ms"], rel=0.25)
         assert row["compile_seconds"] > 0 and row["tune_seconds"] > 0 and row["tune_trials"] >= 1
+        assert row["precision"] == {"onnxruntime": "fp32", "tvm": "fp32", "openvino": "fp32"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -118,3 +118,16 @@ def test_a_dynamically_quantized_encoder_is_kept_in_integers_by_the_compiled_tie
 def test_a_statically_quantized_convnet_is_not_kept_in_integers_and_says_which_ops(tmp_path, quant_format):
     model = load_model(static_quantized_convnet(tmp_path, quant_format), max_bytes=1 << 26)
     assert model.integer_refusal is not None and "computed in integers only by ONNX Runtime" in model.integer_refusal
+
+
+def test_the_bench_names_each_engines_arithmetic(tmp_path):
+    from compiler.building.matrix_units import host_matrix_units
+    from compiler.measuring.bench import precisions
+
+    unit = host_matrix_units().unit("int8")
+    tvm = f"int8 ({unit})" if unit else "fp32 (its integer ops run in float)"  # a CPU with no int8 unit
+    dynamic = load_model(dynamic_quantized_encoder(tmp_path), max_bytes=1 << 26)
+    assert precisions(dynamic, "llvm") == {"onnxruntime": "int8", "tvm": tvm, "openvino": "int8"}
+    qdq = load_model(static_quantized_convnet(tmp_path, QuantFormat.QDQ), max_bytes=1 << 26)
+    assert precisions(qdq, "llvm")["tvm"] == "fp32 (its integer ops run in float)"
+    assert set(precisions(load_model(convnets.residual_model(), max_bytes=1 << 26), "llvm").values()) == {"fp32"}

@@ -21,7 +21,7 @@ from .knobs import choose
 # Accumulators of the tile (rows x panels): 8 of AVX2's 16 vector registers, leaving the panels' and
 # the activation's.
 _ROWS = (4, 6, 3, 2, 1)
-_PANELS = (2, 3, 1)
+_PANELS = (2, 3, 4, 1)
 
 
 def _divisor(extent: int, candidates: tuple[int, ...]) -> int:
