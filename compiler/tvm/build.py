@@ -213,6 +213,7 @@ def build_and_verify(job: BuildJob) -> dict:
             verify_sizes=job.verify_sizes,
             code=job.explain_code,
             schedules=facts["schedules"],
+            units=observed.get("units"),
             stamp={
                 "compiler_version": COMPILER_VERSION,
                 "tvm": tvm.__version__,

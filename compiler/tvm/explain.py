@@ -215,10 +215,12 @@ def write_bundle(
     code=False,
     stamp=None,
     schedules=None,
+    units=None,
 ):
     """Write the explain bundle of one compiled bucket into ``directory`` (no weights: IR prints no
     constants' values, and the graph summaries are op counts). ``schedules``: what scheduled each
-    kernel (the pipeline's record; None where no rule did)."""
+    kernel (the pipeline's record; None where no rule did); ``units``: the unit each kernel a rule ran on
+    one runs on (an int8 dot product)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     ir = {name: _write_capped(root / "ir" / f"{name}.txt", text) for name, text in stages.texts.items()}
@@ -254,6 +256,7 @@ def write_bundle(
                 "flops": sum(flops.get(nodes[i]["name"], 0) for i in found) if op_class(name) == "contraction" else 0,
                 "bytes": stages.kernel_bytes.get(name),
                 "schedule": (schedules or {}).get(name),
+                "unit": (units or {}).get(name),
             }
             for name, found in sorted(kernels.items())
         ],

@@ -25,6 +25,7 @@ from tvm.s_tir import dlight as dl
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
+from .schedules.base import UNIT_ANNOTATION
 from .weight_transform import weight_output_facts
 
 _log = logging.getLogger(__name__)
@@ -87,14 +88,24 @@ def _scheduled_by_topi(func: tirx.PrimFunc) -> bool:
     return False
 
 
+def kernel_unit(func: tirx.PrimFunc) -> str | None:
+    """The unit a scheduled kernel's rule ran its arithmetic on (``int8 on avx2 (vpmaddwd)``); None for
+    the vector unit's float arithmetic."""
+    block = getattr(func.body, "block", None)
+    unit = block.annotations.get(UNIT_ANNOTATION) if block is not None else None
+    return None if unit is None else str(unit)
+
+
 def default_schedule_pass(
     target: tvm.target.Target,
     symbolic_bounds: SymbolicBounds | None = None,
     schedules: dict[str, str | None] | None = None,
+    units: dict[str, str] | None = None,
 ) -> tvm.transform.Pass:
     """dlight's ApplyDefaultSchedule (the first rule that matches a kernel schedules it), recording in
     ``schedules`` what scheduled each kernel: a rule's class name, ``TUNING_RECORD``, or None where no
-    rule matched (the kernel then runs as naive loops: every one is a finding)."""
+    rule matched (the kernel then runs as naive loops: every one is a finding); and in ``units`` the unit
+    of each kernel a rule ran on one (:func:`kernel_unit`)."""
     rules = default_rules(target, symbolic_bounds)
     record = schedules if schedules is not None else {}
 
@@ -117,6 +128,9 @@ def default_schedule_pass(
             if space is not None:
                 record[name] = type(rule).__name__
                 chosen = space[0] if isinstance(space, list) else space
+                unit = kernel_unit(chosen.mod["main"])
+                if unit and units is not None:
+                    units[name] = unit
                 return chosen.mod["main"].with_attr("tirx.is_scheduled", True)
         record[name] = None
         return None
@@ -162,6 +176,7 @@ def build_pipeline(
     only borrowed: later stages may change it in place."""
     backend = _backend(target)
     schedules: dict[str, str | None] = {}
+    units: dict[str, str] = {}
 
     def stages() -> list[tuple[str, list]]:
         # Built under the target: MetaScheduleApplyDatabase reads Target.current() when constructed.
@@ -169,7 +184,7 @@ def build_pipeline(
         return [
             *tuned_module_stages(target, symbolic_bounds),
             ("apply_tuning_records", tuned),
-            ("schedule", [default_schedule_pass(target, symbolic_bounds, schedules)]),
+            ("schedule", [default_schedule_pass(target, symbolic_bounds, schedules, units)]),
             ("lower", backend.dataflow_lower_passes(target) + backend.finalize_passes(target)),
         ]
 
@@ -191,6 +206,7 @@ def build_pipeline(
             if name == "schedule" and observed is not None:
                 observed["schedule_digest"] = schedule_digest(mod)
                 observed["schedules"] = dict(sorted(schedules.items()))
+                observed["units"] = dict(sorted(units.items()))
         return mod
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_pipeline")

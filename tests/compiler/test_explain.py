@@ -223,3 +223,15 @@ def test_each_conv_kernel_is_traced_to_its_own_conv_where_binding_names_repeat(t
         assert [op[i] for i in kernel["nodes"]].count("Conv") == 1, (kernel["name"], kernel["nodes"])
     stem = next(k for k in report["kernels"] if k["name"] == "fused_conv2d_add_relu")
     assert [op[i] for i in stem["nodes"]] == ["Conv", "Relu"]
+
+
+def test_the_report_names_each_kernels_unit_and_its_share_of_the_time():
+    from compiler.explaining.explain_report import unit_shares
+
+    report = {"kernels": [{"name": "a", "unit": "int8 on avx2 (vpmaddwd)"}, {"name": "b", "unit": None}]}
+    profile = {"kernels": [{"kernel": "a", "tvm_ms": 3.0}, {"kernel": "b", "tvm_ms": 1.0}]}
+    assert unit_shares(report, profile) == {
+        "int8 on avx2 (vpmaddwd)": "3.000 ms (75%)",
+        "the vector unit (float)": "1.000 ms (25%)",
+    }
+    assert unit_shares({"kernels": [{"name": "b"}]}, profile) == {}  # a float model: nothing to say

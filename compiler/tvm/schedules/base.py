@@ -298,6 +298,11 @@ def schedule_stage(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None
     vectorize_innermost(sch, block, lanes, bool(parallel))
 
 
+# A root-block annotation: the unit a kernel's arithmetic runs on, where a rule chose one (an int8 dot
+# product); the explain report names it beside the kernel's time.
+UNIT_ANNOTATION = "jitserve_unit"
+
+
 # A block annotation: the block is a stage of its own, computed once, never inlined into its consumers (a
 # resize's first pass, see resize.py; the multiply that broadcasts a squeeze-excitation gate, gates.py).
 STAGE_ANNOTATION = "jitserve_stage"

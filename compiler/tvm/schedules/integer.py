@@ -15,7 +15,16 @@ from tvm import s_tir
 
 from ..integer_matmul import INTEGER_MATMUL
 from ..intrinsics import dot_intrinsic
-from .base import SafeRule, block_names, inline_injective, is_spatial, root_blocks, schedule_stage, target_cores
+from .base import (
+    UNIT_ANNOTATION,
+    SafeRule,
+    block_names,
+    inline_injective,
+    is_spatial,
+    root_blocks,
+    schedule_stage,
+    target_cores,
+)
 from .knobs import choose
 
 # Accumulators of the tile (rows x panels): 8 of AVX2's 16 vector registers, leaving the panels' and
@@ -76,4 +85,5 @@ class IntegerContraction(SafeRule):
         sch.unroll(panels_inner)
         for name in stages:
             schedule_stage(sch, sch.get_sblock(name), target)
+        sch.annotate(sch.get_sblock("root"), UNIT_ANNOTATION, f"int8 on {intrin.unit} ({intrin.instruction})")
         return sch

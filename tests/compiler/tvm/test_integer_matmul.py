@@ -67,6 +67,8 @@ def test_a_matmul_integer_is_computed_exactly_on_its_panels(bits, rows, depth, c
     model = _matmul_integer(rows, depth, columns, w, w_zero)
     vm, observed = _compiled(model, rows, depth)
     assert "IntegerContraction" in observed["schedules"].values()
+    instruction = "vpmaddwd" if bits == 8 else "vpmaddubsw"
+    assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}  # what the explain report names
     for a_zero in (0, 131, 255):
         got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(np.array(a_zero, np.uint8))).numpy()
         want = (a.astype(np.int64) - a_zero) @ (w.astype(np.int64) - w_zero.astype(np.int64))
