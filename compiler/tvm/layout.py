@@ -371,9 +371,9 @@ def channel_block_passes(target: tvm.target.Target) -> list:
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        mod = _rewritten(mod, _ALWAYS)
-        if llvm_cpu_has_features("avx2", target):
+        if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
             mod = integer_matmuls(mod)[0]
+        mod = _rewritten(mod, _ALWAYS)
         blocked = blocked_or_none(mod)
         if blocked is None:
             return _panels_lifted(_rewritten(mod, _LAST), block)

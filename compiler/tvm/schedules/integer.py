@@ -70,11 +70,13 @@ class IntegerContraction(SafeRule):
             return None
         rows_outer, rows_inner = sch.split(rows, [None, tile_rows])
         panels_outer, panels_inner = sch.split(panels, [None, tile_panels])
-        sch.reorder(*lead, panels_outer, rows_outer, pair, rows_inner, panels_inner, lanes, within)
+        # Panels outermost: a panel's weights stay in cache while every row of every batch item reads them
+        # (a batch outermost streamed all the weights once per item: BERT-base 8x128 2.3x ONNX Runtime).
+        sch.reorder(panels_outer, *lead, rows_outer, pair, rows_inner, panels_inner, lanes, within)
         accumulators = sch.cache_write(product, 0, "local")
         sch.reverse_compute_at(accumulators, rows_outer)
         # Parallel before tensorizing: a tensorized block is opaque to the parallel primitive's checks.
-        outer = sch.fuse(*lead, panels_outer, rows_outer)
+        outer = sch.fuse(panels_outer, *lead, rows_outer)
         if target_cores(target) > 1:
             sch.parallel(outer)
         *_, stored = sch.get_loops(accumulators)
