@@ -34,7 +34,7 @@ import tvm
 from tvm import relax, te
 
 from ..models.quantized import byte_pairs_fit
-from .panels import _static, weight_vars
+from .panels import _static
 
 _CONSTANT_FORMS = ("relax.astype", "relax.expand_dims", "relax.reshape")
 PANEL_LANES = 8
@@ -83,65 +83,43 @@ def _widened(expr: relax.Expr, lookup) -> tuple[relax.Expr, relax.Expr | None] |
 
 @relax.expr_functor.mutator
 class _IntegerMatmuls(relax.PyExprMutator):
-    def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
+    def __init__(self, mod: tvm.ir.IRModule) -> None:
         super().__init__(mod)
-        self.weights = weights
         self.rewritten = 0
 
     def _lookup(self, var: relax.Var) -> relax.Expr | None:
         return self.lookup_binding(var)
-
-    def _is_weight(self, expr: relax.Expr) -> bool:
-        return isinstance(expr, tvm.ir.GenericConst) or expr in self.weights
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "int32":
             return call
         activation, weight = (_widened(arg, self._lookup) for arg in call.args)
-        if activation is None or weight is None or not self._is_weight(weight[0]):
-            return call
+        if activation is None or weight is None or not isinstance(weight[0], tvm.ir.GenericConst):
+            return call  # a weight computed per request (or a parameter: int8 initializers never are)
         (x, x_zero), (w, w_zero) = activation, weight
         data, shape = _static(x), _static(w)
         if data is None or shape is None or len(shape) != 2 or len(data) < 2 or shape[0] % 2:
             return call
         if x_zero is not None and _static(x_zero) != []:
             return call  # a per-row activation zero point: not MatMulInteger's per-tensor one
-        if w_zero is not None and (
-            not self._is_weight(w_zero) or _static(w_zero) not in ([], [shape[1]], [1, shape[1]])
-        ):
-            return call
-        depth, columns = shape
         zero_value = None if w_zero is None else self._constant(w_zero)
-        if isinstance(w, tvm.ir.GenericConst) and (w_zero is None or zero_value is not None):
-            exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
-            sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
-            if x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0 and byte_pairs_fit(exact):
-                panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
-            else:
-                panels = relax.const(pack_panels(exact, 2))
+        if w_zero is not None and (zero_value is None or list(zero_value.shape) not in ([], [shape[1]], [1, shape[1]])):
+            return call
+        depth = shape[0]
+        exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
+        sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
+        if x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0 and byte_pairs_fit(exact):
+            panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
         else:
-            panels, sums = self._packed(w, w_zero, depth, columns)
+            panels = relax.const(pack_panels(exact, 2))
         zero = relax.const(0, "int32") if x_zero is None else x_zero
         self.rewritten += 1
         if panels.ty.dtype == "int16":  # widened once per request, not per row and pair of k in the product
             x = self.builder_.emit(relax.op.astype(x, "int16"))
         return self.builder_.call_te(
-            _integer_panel_matmul, x, panels, sums, zero, columns, primfunc_name_hint=INTEGER_MATMUL
+            _integer_panel_matmul, x, panels, sums, zero, shape[1], primfunc_name_hint=INTEGER_MATMUL
         )
-
-    def _packed(self, w, w_zero, depth: int, columns: int) -> tuple[relax.Expr, relax.Expr]:
-        """A weight parameter's panels and column sums, as weight work (lifted into the weight transform)."""
-        exact = relax.op.astype(w, "int16")
-        if w_zero is not None:
-            exact = relax.op.subtract(exact, relax.op.astype(w_zero, "int16"))
-        exact = self.builder_.emit(exact)
-        sums = self.builder_.emit(relax.op.sum(relax.op.astype(exact, "int32"), axis=[0]))
-        count = -(-columns // PANEL_LANES)
-        if count * PANEL_LANES != columns:
-            exact = relax.op.nn.pad(exact, [0, 0, 0, count * PANEL_LANES - columns])
-        panels = relax.op.reshape(exact, [depth // 2, 2, count, PANEL_LANES])
-        return self.builder_.emit(relax.op.permute_dims(panels, [2, 0, 3, 1])), sums
 
     def _constant(self, expr: relax.Expr) -> np.ndarray | None:
         """``expr``'s value where it is a constant, or a constant cast or reshaped (the importer's widened zero
@@ -169,11 +147,10 @@ def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
 
 def integer_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed panels (see
-    the module's docstring), and how many it rewrote. Run before ``LiftTransformParams`` and
-    ``FoldConstant``: the packing and the column sums are weight work."""
+    the module's docstring), and how many it rewrote."""
     if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
         return mod, 0
-    mutator = _IntegerMatmuls(mod, weight_vars(mod["main"]))
+    mutator = _IntegerMatmuls(mod)
     g_var = mod.get_global_var("main")
     mutator.builder_.update_func(g_var, mutator.visit_expr(mod["main"]))
     return mutator.builder_.get(), mutator.rewritten
