@@ -16,7 +16,11 @@ accumulator on the weights they are used for.
   name after that): the call goes through a two-line LLVM function imported into the module
   (``pragma_import_llvm``) that reinterprets the bits, inlined by LLVM.
 
-A bf16 value here is the top half of a float32's bits (:func:`bf16_to_float32_expr`).
+- ``amx-bf16``: one AMX tile product (:data:`AMX_BF16_TILE`, ``tdpbf16ps``), 16 x 16 float32 outputs
+  of 32 bf16 products each, through an imported LLVM function too (TIR has no tile type).
+
+A bf16 value here is the top half of a float32's bits (:func:`bf16_to_float32_expr`). No kernel uses
+the VNNI, bf16 or AMX ones yet: they are checked by the code they compile to.
 """
 
 from __future__ import annotations
@@ -194,6 +198,69 @@ def _bf16_impl(intrin: DotIntrinsic, scope: str):
     return impl
 
 
+AMX_BF16_TILE = "jitserve_tile_16x16x32_bf16_amx"
+"""``C[16, 16] += A[16, 32] x B[16, 16, 2]``: float32 accumulators, bf16 operands, ``B`` with pairs of k
+innermost (as ``tdpbf16ps`` reads it): one AMX tile product, each operand loaded from its rows' stride.
+A process runs it only once Linux granted it AMX tile data
+(:func:`compiler.building.matrix_units.request_amx_permission`); LLVM configures the tiles
+(``ldtilecfg``) around it."""
+
+_TDPBF16PS = """
+define internal void @jitserve_tdpbf16ps_16x16x32(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb) alwaysinline {
+  %ta = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %a, i64 %lda)
+  %tb = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %b, i64 %ldb)
+  %tc = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %c, i64 %ldc)
+  %td = call x86_amx @llvm.x86.tdpbf16ps.internal(i16 16, i16 64, i16 64, x86_amx %tc, x86_amx %ta, x86_amx %tb)
+  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %c, i64 %ldc, x86_amx %td)
+  ret void
+}
+declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
+declare x86_amx @llvm.x86.tdpbf16ps.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
+declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)
+"""
+
+
+@T.prim_func(s_tir=True)
+def _amx_bf16_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+    A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
+    B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
+    C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+        T.writes(C[0:16, 0:16])
+        for i, j, k in T.grid(16, 16, 32):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                C[vi, vj] = C[vi, vj] + bf16_to_float32_expr(A[vi, vk]) * bf16_to_float32_expr(B[vk // 2, vj, vk % 2])
+
+
+@T.prim_func(s_tir=True)
+def _amx_bf16_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+    row_a = T.int32()
+    row_b = T.int32()
+    pair_b = T.int32()
+    row_c = T.int32()
+    A = T.match_buffer(a, (16, 32), "uint16", strides=[row_a, 1], offset_factor=1)
+    B = T.match_buffer(b, (16, 16, 2), "uint16", strides=[row_b, pair_b, 1], offset_factor=1)
+    C = T.match_buffer(c, (16, 16), "float32", strides=[row_c, 1], offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+        T.writes(C[0:16, 0:16])
+        T.attr("", "pragma_import_llvm", _TDPBF16PS)
+        T.evaluate(
+            T.call_extern(
+                "void",
+                "jitserve_tdpbf16ps_16x16x32",
+                C.access_ptr("rw"),
+                T.int64(row_c * 4),
+                A.access_ptr("r"),
+                T.int64(row_a * 2),
+                B.access_ptr("r"),
+                T.int64(row_b * 2),
+            )
+        )
+
+
 INTRINSICS = (
     DotIntrinsic("jitserve_dot_8x2_u8s8_avx2", "avx2", "uint8", "int8", "int32", 8, 2, "vpmaddwd"),
     DotIntrinsic("jitserve_dot_8x2_s8s8_avx2", "avx2", "int8", "int8", "int32", 8, 2, "vpmaddwd"),
@@ -217,6 +284,7 @@ def _register() -> None:
         for scope in ("global", "local"):
             desc, impl = _desc(intrin, scope), _IMPLS[intrin.instruction](intrin, scope)
             TensorIntrin.register(intrin.named(scope), desc, impl, override=True)
+    TensorIntrin.register(AMX_BF16_TILE, _amx_bf16_desc, _amx_bf16_impl, override=True)
 
 
 _register()

@@ -9,9 +9,9 @@ import pytest
 import tvm
 from tvm import s_tir, te
 
-from compiler.building.matrix_units import host_matrix_units
+from compiler.building.matrix_units import host_matrix_units, request_amx_permission
 from compiler.models.quantized import BYTE_PAIR_BOUND
-from compiler.tvm.intrinsics import INTRINSICS, DotIntrinsic, bf16_to_float32_expr
+from compiler.tvm.intrinsics import AMX_BF16_TILE, INTRINSICS, DotIntrinsic, bf16_to_float32_expr
 
 # A CPU LLVM knows with each unit, for the generated-code checks on a machine without it.
 _MCPU = {"avx2": "haswell", "avx-vnni": "alderlake", "avx512-vnni": "cascadelake", "avx512-bf16": "sapphirerapids"}
@@ -96,3 +96,52 @@ def test_each_intrinsic_answers_as_numpy_where_the_cpu_has_its_unit(intrin):
         np.testing.assert_array_equal(out.numpy(), reference)
     else:
         np.testing.assert_allclose(out.numpy(), reference, rtol=1e-5, atol=1e-4)
+
+
+def _amx_tiled_matmul(mcpu: str):
+    """C[m, n] = sum_k A[m, k] * B[k // 2, n, k % 2] in bf16, tiled 16 x 16 x 32 onto the AMX tile product."""
+    m, n, k = 32, 48, 64
+    a = te.placeholder((m, k), "uint16", name="A")
+    b = te.placeholder((k // 2, n, 2), "uint16", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(
+        (m, n),
+        lambda i, j: te.sum(bf16_to_float32_expr(a[i, r]) * bf16_to_float32_expr(b[r // 2, j, r % 2]), axis=r),
+        name="C",
+    )
+    sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
+    block = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(block)
+    i_tile, i_row = sch.split(i, [None, 16])
+    j_tile, j_col = sch.split(j, [None, 16])
+    k_tile, k_in = sch.split(kk, [None, 32])
+    sch.reorder(i_tile, j_tile, k_tile, i_row, j_col, k_in)
+    sch.decompose_reduction(block, k_tile)
+    sch.tensorize(i_row, AMX_BF16_TILE)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    return tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+
+
+def test_the_amx_bf16_tile_product_compiles_to_tile_instructions():
+    words = _amx_tiled_matmul("sapphirerapids").inspect_source("asm").split()
+    assert {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"} <= set(words)
+    assert "jitserve_tdpbf16ps_16x16x32" not in words  # inlined
+
+
+def test_the_amx_bf16_tile_product_answers_as_numpy_where_the_cpu_has_amx():
+    units = host_matrix_units()
+    if not units.has("amx-bf16"):
+        pytest.skip(f"this CPU has no AMX ({units.describe()}): its code is checked, not run")
+    assert request_amx_permission() is None  # a tile instruction before it is a SIGILL
+    from compiler.building.target import host_cpu
+
+    rng = np.random.default_rng(1)
+    a32, b32 = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 48)).astype(np.float32)
+    a, b = (a32.view(np.uint32) >> 16).astype(np.uint16), (b32.view(np.uint32) >> 16).astype(np.uint16)
+    reference = (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64) @ (
+        (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    )
+    packed = b.reshape(32, 2, 48).transpose(0, 2, 1).copy()
+    out = tvm.runtime.tensor(np.zeros((32, 48), np.float32))
+    _amx_tiled_matmul(host_cpu())["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(packed), out)
+    np.testing.assert_allclose(out.numpy(), reference, rtol=1e-5, atol=1e-4)
