@@ -152,5 +152,8 @@ def integer_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
         return mod, 0
     mutator = _IntegerMatmuls(mod)
     g_var = mod.get_global_var("main")
-    mutator.builder_.update_func(g_var, mutator.visit_expr(mod["main"]))
+    rewritten = mutator.visit_expr(mod["main"])
+    if not mutator.rewritten:  # as it was: a rebuilt module loses what the dynamic tier's functions carry
+        return mod, 0
+    mutator.builder_.update_func(g_var, rewritten)
     return mutator.builder_.get(), mutator.rewritten

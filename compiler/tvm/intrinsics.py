@@ -25,6 +25,7 @@ the VNNI, bf16 or AMX ones yet: they are checked by the code they compile to.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm.s_tir import TensorIntrin
@@ -279,15 +280,20 @@ INTRINSICS = (
 _IMPLS = {"vpmaddwd": _avx2_impl, "vpmaddubsw": _avx2_bytes_impl, "vpdpbusd": _vnni_impl, "vdpbf16ps": _bf16_impl}
 
 
-def _register() -> None:
-    for intrin in INTRINSICS:
-        for scope in ("global", "local"):
-            desc, impl = _desc(intrin, scope), _IMPLS[intrin.instruction](intrin, scope)
-            TensorIntrin.register(intrin.named(scope), desc, impl, override=True)
+@functools.cache
+def registered(intrin: DotIntrinsic, scope: str) -> str:
+    """The name ``intrin`` is tensorized by for accumulators in ``scope``, registered on first use: parsing
+    every intrinsic's TVMScript at import cost each compile child 8 s."""
+    name = intrin.named(scope)
+    TensorIntrin.register(name, _desc(intrin, scope), _IMPLS[intrin.instruction](intrin, scope), override=True)
+    return name
+
+
+@functools.cache
+def amx_bf16_tile() -> str:
+    """:data:`AMX_BF16_TILE`, registered on first use."""
     TensorIntrin.register(AMX_BF16_TILE, _amx_bf16_desc, _amx_bf16_impl, override=True)
-
-
-_register()
+    return AMX_BF16_TILE
 
 
 def dot_intrinsic(unit: str, activation: str, weight: str, depth: int) -> DotIntrinsic | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from ..integer_matmul import INTEGER_MATMUL
-from ..intrinsics import dot_intrinsic
+from ..intrinsics import dot_intrinsic, registered
 from .base import (
     UNIT_ANNOTATION,
     SafeRule,
@@ -85,7 +85,7 @@ class IntegerContraction(SafeRule):
         *_, stored = sch.get_loops(accumulators)
         sch.vectorize(stored)
         sch.decompose_reduction(product, pair)
-        sch.tensorize(lanes, intrin.named("local"))
+        sch.tensorize(lanes, registered(intrin, "local"))
         sch.unroll(rows_inner)
         sch.unroll(panels_inner)
         for name in stages:

@@ -11,7 +11,7 @@ from tvm import s_tir, te
 
 from compiler.building.matrix_units import host_matrix_units, request_amx_permission
 from compiler.models.quantized import BYTE_PAIR_BOUND
-from compiler.tvm.intrinsics import AMX_BF16_TILE, INTRINSICS, DotIntrinsic, bf16_to_float32_expr
+from compiler.tvm.intrinsics import INTRINSICS, DotIntrinsic, amx_bf16_tile, bf16_to_float32_expr, registered
 
 # A CPU LLVM knows with each unit, for the generated-code checks on a machine without it.
 _MCPU = {"avx2": "haswell", "avx-vnni": "alderlake", "avx512-vnni": "cascadelake", "avx512-bf16": "sapphirerapids"}
@@ -41,7 +41,7 @@ def _packed_matmul(intrin: DotIntrinsic, mcpu: str):
     k_step, k_depth = sch.split(kk, [None, depth])
     sch.reorder(i, j_panel, k_step, j_lane, k_depth)
     sch.decompose_reduction(block, k_step)
-    sch.tensorize(j_lane, intrin.name)
+    sch.tensorize(j_lane, registered(intrin, "global"))
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     return tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
 
@@ -117,7 +117,7 @@ def _amx_tiled_matmul(mcpu: str):
     k_tile, k_in = sch.split(kk, [None, 32])
     sch.reorder(i_tile, j_tile, k_tile, i_row, j_col, k_in)
     sch.decompose_reduction(block, k_tile)
-    sch.tensorize(i_row, AMX_BF16_TILE)
+    sch.tensorize(i_row, amx_bf16_tile())
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     return tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
 
