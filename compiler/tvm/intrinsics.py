@@ -221,45 +221,51 @@ declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)
 """
 
 
-@T.prim_func(s_tir=True)
-def _amx_bf16_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-    A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
-    B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
-    C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
-    with T.sblock("root"):
-        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
-        T.writes(C[0:16, 0:16])
-        for i, j, k in T.grid(16, 16, 32):
-            with T.sblock("update"):
-                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                C[vi, vj] = C[vi, vj] + bf16_to_float32_expr(A[vi, vk]) * bf16_to_float32_expr(B[vk // 2, vj, vk % 2])
+def _amx_bf16_functions():
+    """The AMX tile product's description and implementation (parsed when first registered)."""
 
+    @T.prim_func(s_tir=True)
+    def _amx_bf16_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
+        B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+            T.writes(C[0:16, 0:16])
+            for i, j, k in T.grid(16, 16, 32):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + bf16_to_float32_expr(A[vi, vk]) * bf16_to_float32_expr(
+                        B[vk // 2, vj, vk % 2]
+                    )
 
-@T.prim_func(s_tir=True)
-def _amx_bf16_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-    row_a = T.int32()
-    row_b = T.int32()
-    pair_b = T.int32()
-    row_c = T.int32()
-    A = T.match_buffer(a, (16, 32), "uint16", strides=[row_a, 1], offset_factor=1)
-    B = T.match_buffer(b, (16, 16, 2), "uint16", strides=[row_b, pair_b, 1], offset_factor=1)
-    C = T.match_buffer(c, (16, 16), "float32", strides=[row_c, 1], offset_factor=1)
-    with T.sblock("root"):
-        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
-        T.writes(C[0:16, 0:16])
-        T.attr("", "pragma_import_llvm", _TDPBF16PS)
-        T.evaluate(
-            T.call_extern(
-                "void",
-                "jitserve_tdpbf16ps_16x16x32",
-                C.access_ptr("rw"),
-                T.int64(row_c * 4),
-                A.access_ptr("r"),
-                T.int64(row_a * 2),
-                B.access_ptr("r"),
-                T.int64(row_b * 2),
+    @T.prim_func(s_tir=True)
+    def _amx_bf16_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        row_a = T.int32()
+        row_b = T.int32()
+        pair_b = T.int32()
+        row_c = T.int32()
+        A = T.match_buffer(a, (16, 32), "uint16", strides=[row_a, 1], offset_factor=1)
+        B = T.match_buffer(b, (16, 16, 2), "uint16", strides=[row_b, pair_b, 1], offset_factor=1)
+        C = T.match_buffer(c, (16, 16), "float32", strides=[row_c, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+            T.writes(C[0:16, 0:16])
+            T.attr("", "pragma_import_llvm", _TDPBF16PS)
+            T.evaluate(
+                T.call_extern(
+                    "void",
+                    "jitserve_tdpbf16ps_16x16x32",
+                    C.access_ptr("rw"),
+                    T.int64(row_c * 4),
+                    A.access_ptr("r"),
+                    T.int64(row_a * 2),
+                    B.access_ptr("r"),
+                    T.int64(row_b * 2),
+                )
             )
-        )
+
+    return _amx_bf16_desc, _amx_bf16_impl
 
 
 INTRINSICS = (
@@ -292,7 +298,7 @@ def registered(intrin: DotIntrinsic, scope: str) -> str:
 @functools.cache
 def amx_bf16_tile() -> str:
     """:data:`AMX_BF16_TILE`, registered on first use."""
-    TensorIntrin.register(AMX_BF16_TILE, _amx_bf16_desc, _amx_bf16_impl, override=True)
+    TensorIntrin.register(AMX_BF16_TILE, *_amx_bf16_functions(), override=True)
     return AMX_BF16_TILE
 
 
