@@ -93,9 +93,13 @@ def _constant(name: str, initializers: dict, producers: dict) -> np.ndarray | No
     return None if value is None else numpy_helper.to_array(value)
 
 
-_COMPILED_INTEGER_OPS = frozenset({"DynamicQuantizeLinear", "MatMulInteger"})
-"""What the compiled tier computes in integers (``compiler.tvm.integer_matmul``); the rest of the graph
-runs in float as it does in ONNX Runtime."""
+_COMPILED_INTEGER_OPS = frozenset({"DynamicQuantizeLinear", "MatMulInteger", "QuantizeLinear"})
+"""What the compiled tier computes in integers (``compiler.tvm.integer_matmul``, and the convs of a QDQ
+graph: ``compiler.tvm.integer_conv``); the rest of the graph runs in float, as its QDQ form spells it."""
+
+CONV_CHANNEL_BLOCK = 8
+"""A QDQ conv is computed in integers where its input and output channels come in whole blocks of this
+(the AVX2 block; AVX-512's 16 is checked again when the conv is blocked)."""
 
 
 BYTE_PAIR_BOUND = 128
@@ -122,7 +126,9 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
     """Why the compiled tier would not keep ``model``'s integer arithmetic in integers; None where it keeps
     all of it: every integer op a ``DynamicQuantizeLinear`` or a ``MatMulInteger`` by a constant 2-D int8
     or uint8 weight of even depth, with a per-tensor zero point on its activation (a dynamically quantized
-    transformer, as ``onnxruntime.quantization.quantize_dynamic`` makes them)."""
+    transformer, as ``onnxruntime.quantization.quantize_dynamic`` makes them); in a static QDQ graph
+    (``quantize_static``), at least one conv computed in integers (:func:`_integer_conv`), the rest as the
+    graph spells it in float."""
     ops = integer_ops(model)
     others = [op for op in ops if op not in _COMPILED_INTEGER_OPS]
     if others:
@@ -130,6 +136,11 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
     graph = model.graph
     producers = {output: node for node in graph.node for output in node.output}
     constants = {tensor.name: tensor for tensor in graph.initializer}
+    if "QuantizeLinear" in ops and not any(_integer_conv(node, producers, constants) for node in graph.node):
+        return (
+            "no conv of this QDQ graph is computed in integers by the compiled tier (one group, an int8 weight, "
+            f"channels in whole blocks of {CONV_CHANNEL_BLOCK})"
+        )
     for node in graph.node:
         if node.op_type != "MatMulInteger":
             continue
@@ -142,3 +153,24 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
         if zero is not None and zero.size != 1:
             return f"MatMulInteger {node.name or node.output[0]!r} has a zero point per row of its activation"
     return None
+
+
+def _integer_conv(node: onnx.NodeProto, producers: dict, constants: dict) -> bool:
+    """Whether ``node`` is a QDQ conv ``compiler.tvm.integer_conv`` computes in integers: a Conv of one
+    group over a dequantized activation and a dequantized constant int8 weight, channels in whole blocks."""
+    if node.op_type != "Conv" or len(node.input) < 2:
+        return False
+    groups = next((attribute.i for attribute in node.attribute if attribute.name == "group"), 1)
+    activation, weight = (producers.get(name) for name in node.input[:2])
+    if groups != 1 or activation is None or weight is None:
+        return False
+    if activation.op_type != "DequantizeLinear" or weight.op_type != "DequantizeLinear":
+        return False
+    value = _constant(weight.input[0], constants, producers)
+    return (
+        value is not None
+        and value.dtype == np.int8
+        and value.ndim == 4
+        and value.shape[0] % CONV_CHANNEL_BLOCK == 0
+        and value.shape[1] % CONV_CHANNEL_BLOCK == 0
+    )

@@ -47,8 +47,10 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # the rules' choices read through knobs, which tuning turns; a long vector axis only half vectors divide
 # padded to whole ones; a conv1d runs as a conv2d one row high; 37: a softmax row no whole vector divides
 # computed in whole vectors, then its tail; a quantized matmul by a constant int8 weight on packed int16
-# panels, tensorized into the CPU's int16 pair products; a whole tensor reduced to one value in vector partials).
-COMPILER_VERSION = "37"
+# panels, tensorized into the CPU's int16 pair products; a whole tensor reduced to one value in vector partials;
+# 38: a QDQ conv over int8 operands computed as a channel-blocked int16 conv tensorized into int16 pair products,
+# a per-tensor quantize and dequantize as the elementwise ops they are).
+COMPILER_VERSION = "38"
 
 
 @functools.cache

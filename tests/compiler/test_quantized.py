@@ -114,10 +114,21 @@ def test_a_dynamically_quantized_encoder_is_kept_in_integers_by_the_compiled_tie
     assert model.integer_refusal is None
 
 
-@pytest.mark.parametrize("quant_format", [QuantFormat.QDQ, QuantFormat.QOperator])
-def test_a_statically_quantized_convnet_is_not_kept_in_integers_and_says_which_ops(tmp_path, quant_format):
-    model = load_model(static_quantized_convnet(tmp_path, quant_format), max_bytes=1 << 26)
-    assert model.integer_refusal is not None and "computed in integers only by ONNX Runtime" in model.integer_refusal
+def test_a_statically_quantized_convnet_is_kept_in_integers_in_its_qdq_form_only(tmp_path):
+    qdq = load_model(static_quantized_convnet(tmp_path, QuantFormat.QDQ), max_bytes=1 << 26)
+    assert qdq.integer_refusal is None  # its convs of 16 and 64 channels: compiler/tvm/integer_conv.py
+    qoperator = load_model(static_quantized_convnet(tmp_path, QuantFormat.QOperator), max_bytes=1 << 26)
+    refusal = qoperator.integer_refusal
+    assert refusal is not None and "QLinearConv" in refusal and "computed in integers only by ONNX Runtime" in refusal
+
+
+def test_a_qdq_graph_with_no_conv_in_whole_channel_blocks_says_so(tmp_path):
+    """Channels of 12: no conv the integer path takes, so the compiled tier would run it all in float."""
+    source, target = tmp_path / "narrow.onnx", tmp_path / "narrow_qdq.onnx"
+    source.write_bytes(convnets.residual_model(width=12))
+    quantize_static(str(source), str(target), _Images((1, 3, 56, 56)), quant_format=QuantFormat.QDQ)
+    refusal = load_model(target.read_bytes(), max_bytes=1 << 26).integer_refusal
+    assert refusal is not None and "no conv of this QDQ graph is computed in integers" in refusal
 
 
 def test_the_bench_names_each_engines_arithmetic(tmp_path):
@@ -129,5 +140,7 @@ def test_the_bench_names_each_engines_arithmetic(tmp_path):
     dynamic = load_model(dynamic_quantized_encoder(tmp_path), max_bytes=1 << 26)
     assert precisions(dynamic, "llvm") == {"onnxruntime": "int8", "tvm": tvm, "openvino": "int8"}
     qdq = load_model(static_quantized_convnet(tmp_path, QuantFormat.QDQ), max_bytes=1 << 26)
-    assert precisions(qdq, "llvm")["tvm"] == "fp32 (its integer ops run in float)"
+    assert precisions(qdq, "llvm")["tvm"] == tvm
+    qoperator = load_model(static_quantized_convnet(tmp_path, QuantFormat.QOperator), max_bytes=1 << 26)
+    assert precisions(qoperator, "llvm")["tvm"] == "fp32 (its integer ops run in float)"
     assert set(precisions(load_model(convnets.residual_model(), max_bytes=1 << 26), "llvm").values()) == {"fp32"}

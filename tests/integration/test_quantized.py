@@ -1,15 +1,17 @@
-"""A dynamically quantized model on a real server. With no contract, no TVM compile is spent on its
-buckets, and ONNX Runtime serves with its int8 kernels. Where its owner's contract allows int8 within a
-budget, the compiled tier's integer kernels are compiled, verified within it and timed beside ONNX
-Runtime: 8-bit weights on int16 panels, 7-bit ones on byte panels."""
+"""Quantized models on a real server. With no contract, no TVM compile is spent on a dynamically
+quantized model's buckets, and ONNX Runtime serves with its int8 kernels. Where its owner's contract
+allows int8 within a budget, the compiled tier's integer kernels are compiled, verified within it and
+timed beside ONNX Runtime: 8-bit weights on int16 panels, 7-bit ones on byte panels, and a statically
+quantized (QDQ) convnet's convs in integers."""
 
 from __future__ import annotations
 
 import numpy as np
+from onnxruntime.quantization import QuantFormat
 
 from compiler.running.engines import OrtEngine
 from compiler.running.precision import AccuracyBudget, compare_within_budget
-from tests.compiler.test_quantized import dynamic_quantized_encoder
+from tests.compiler.test_quantized import dynamic_quantized_encoder, static_quantized_convnet
 from tests.integration.serverproc import ServerProcess, metric_value
 from tests.integration.test_serving import predict, settled_bucket, upload
 
@@ -47,5 +49,15 @@ def test_a_quantized_model_is_compiled_where_its_contract_allows_int8(tmp_path):
                 want = OrtEngine(data).run({"x": _X})
                 got = {"y": np.array(answer["outputs"]["y"], np.float32)}
                 assert compare_within_budget(got, want, AccuracyBudget(**BUDGET)).matches, answer["engine"]
+
+            qdq = static_quantized_convnet(tmp_path, QuantFormat.QDQ)
+            convnet = {"axes": {"N": {"kind": "pow2", "min": 1, "max": 2}}, "warm_buckets": [{"x": [2, 3, 56, 56]}]}
+            images = np.random.default_rng(4).standard_normal((2, 3, 56, 56)).astype(np.float32)
+            assert upload(client, "qdq", qdq, {**convnet, "precision": contract}).status_code == 201
+            bucket = settled_bucket(client, "qdq", "x=2x3x56x56")
+            assert bucket["state"] == "ready" and set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}, bucket
+            answer = predict(client, "qdq", images)
+            got = {"y": np.array(answer["outputs"]["y"], np.float32)}
+            assert compare_within_budget(got, OrtEngine(qdq).run({"x": images}), AccuracyBudget(**BUDGET)).matches
     finally:
         server.stop()

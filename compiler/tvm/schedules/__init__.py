@@ -33,7 +33,7 @@ from .base import SymbolicBounds
 from .contraction import Contraction
 from .gemv import Gemv
 from .injective import Injective
-from .integer import IntegerContraction
+from .integer import IntegerContraction, IntegerConvContraction
 from .math import vectorizable_math_pass
 from .reduction import RowReduction
 
@@ -42,6 +42,7 @@ __all__ = [
     "Gemv",
     "Injective",
     "IntegerContraction",
+    "IntegerConvContraction",
     "RowReduction",
     "SymbolicBounds",
     "default_cpu_rules",
@@ -56,5 +57,5 @@ def default_cpu_rules(symbolic_bounds: SymbolicBounds | None = None) -> list:
     dlight's own ``cpu.GEMV`` and ``cpu.Reduction`` made PP-OCR cls 3x slower
     than no rules at all (measured: 3.9x -> 11.5x of ONNX Runtime at batch 1).
     """
-    rules = (IntegerContraction, Gemv, Contraction, RowReduction, Injective)
+    rules = (IntegerContraction, IntegerConvContraction, Gemv, Contraction, RowReduction, Injective)
     return [rule(symbolic_bounds) for rule in rules]

@@ -1,6 +1,7 @@
 """Integer contractions: the ``integer_matmul`` product of :mod:`compiler.tvm.integer_matmul` (int16
-activations by int16 weight panels, or uint8 by int8 ones, int32 sums), tensorized into the CPU's dot
-product for them.
+activations by int16 weight panels, or uint8 by int8 ones, int32 sums) and the ``integer_conv`` one of
+:mod:`compiler.tvm.integer_conv` (a channel-blocked int16 map by int16 panels), tensorized into the
+CPU's dot product for them.
 
 The product's tile of ``rows x panels`` (each panel 8 int32 columns) accumulates in registers over the
 reduction, in groups of ``k`` (one ``vpmaddwd`` per row and panel for a pair of int16 ones; a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
+from ..integer_conv import INTEGER_CONV
 from ..integer_matmul import INTEGER_MATMUL
 from ..intrinsics import dot_intrinsic, registered
 from .base import (
@@ -40,32 +42,54 @@ def _divisor(extent: int, candidates: tuple[int, ...]) -> int:
     return next(c for c in candidates if extent % c == 0)
 
 
+def _integer_product(sch, target, name: str):
+    """The function's one reduction where it is a ``name`` product on a CPU with AVX2, with the intrinsic
+    for its operands; its epilogue inlined (the activation's producer stays a stage: a tensorized load
+    reads a buffer). None where the rule does not apply."""
+    from tvm.target.codegen import llvm_cpu_has_features
+
+    if not llvm_cpu_has_features("avx2", target):
+        return None
+    reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
+    if len(reductions) != 1 or not sch.get(reductions[0]).name_hint.startswith(name):
+        return None
+    product = reductions[0]
+    activation, weight = (region.source for region in sch.get(product).reads[:2])
+    within = sch.get_loops(product)[-1]
+    intrin = dot_intrinsic("avx2", str(activation.dtype), str(weight.dtype), int(sch.get(within).extent))
+    if intrin is None:
+        return None
+    product_name = sch.get(product).name_hint
+    keep = {product_name}
+    keep.update(sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).writes[0].source.same_as(activation))
+    inline_injective(sch, keep=keep)
+    return product, intrin, [name for name in block_names(sch) if name != product_name]
+
+
+def _finish(sch, target, product, reduction, intrin, *, stages, tensorized, unrolled) -> None:
+    """Sums initialized before the tile's outermost ``reduction`` loop, the innermost lanes tensorized,
+    the tile unrolled, the other stages scheduled, and the unit named."""
+    sch.decompose_reduction(product, reduction)
+    sch.tensorize(tensorized, registered(intrin, "local"))
+    for loop in unrolled:
+        sch.unroll(loop)
+    for name in stages:
+        schedule_stage(sch, sch.get_sblock(name), target)
+    sch.annotate(sch.get_sblock("root"), UNIT_ANNOTATION, f"int8 on {intrin.unit} ({intrin.instruction})")
+
+
 class IntegerContraction(SafeRule):
     """A function whose one reduction is an ``integer_matmul`` product on a CPU with AVX2."""
 
     def _schedule(self, func, target):
-        from tvm.target.codegen import llvm_cpu_has_features
-
-        if not llvm_cpu_has_features("avx2", target):
-            return None
         sch = s_tir.Schedule(func)
-        reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
-        if len(reductions) != 1 or not sch.get(reductions[0]).name_hint.startswith(INTEGER_MATMUL):
+        found = _integer_product(sch, target, INTEGER_MATMUL)
+        if found is None:
             return None
-        product = reductions[0]
-        activation, weight = (region.source for region in sch.get(product).reads[:2])
+        product, intrin, stages = found
         *lead, rows, panels, lanes, pair, within = sch.get_loops(product)
-        depth = int(sch.get(within).extent)
-        intrin = dot_intrinsic("avx2", str(activation.dtype), str(weight.dtype), depth)
-        if intrin is None or int(sch.get(lanes).extent) != intrin.lanes:
+        if int(sch.get(lanes).extent) != intrin.lanes:
             return None
-        # The activation's producer stays a stage (a tensorized load reads a buffer), the rest inline.
-        product_name = sch.get(product).name_hint
-        keep = {product_name}
-        keep.update(sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).writes[0].source.same_as(activation))
-        inline_injective(sch, keep=keep)
-        stages = [name for name in block_names(sch) if name != product_name]
-        *lead, rows, panels, lanes, pair, within = sch.get_loops(product)
         extents = [int(sch.get(loop).extent) for loop in (rows, panels)]
         tile_rows = int(choose("integer.tile_rows", _divisor(extents[0], _ROWS), _ROW_CHOICES))
         tile_panels = int(choose("integer.tile_panels", _divisor(extents[1], _PANELS), _PANEL_CHOICES))
@@ -84,11 +108,61 @@ class IntegerContraction(SafeRule):
             sch.parallel(outer)
         *_, stored = sch.get_loops(accumulators)
         sch.vectorize(stored)
-        sch.decompose_reduction(product, pair)
-        sch.tensorize(lanes, registered(intrin, "local"))
-        sch.unroll(rows_inner)
-        sch.unroll(panels_inner)
-        for name in stages:
-            schedule_stage(sch, sch.get_sblock(name), target)
-        sch.annotate(sch.get_sblock("root"), UNIT_ANNOTATION, f"int8 on {intrin.unit} ({intrin.instruction})")
+        _finish(
+            sch, target, product, pair, intrin, stages=stages, tensorized=lanes, unrolled=(rows_inner, panels_inner)
+        )
+        return sch
+
+
+# The conv's register tile: output columns x blocks of output channels (each block b/8 vectors). Four
+# columns by two blocks where the row allows (one broadcast of a channel pair feeds two vpmaddwd), else
+# seven by one (ResNet's 14- and 7-wide maps).
+_COLUMN_CHOICES = (4, 7, 6, 5, 3, 2, 1, 8)
+_BLOCK_CHOICES = (2, 1)
+
+
+def _conv_tile(width: int, blocks: int, vectors: int) -> tuple[int, int]:
+    """(columns, blocks) of the register tile: at most 8 accumulators of ``vectors`` each a block."""
+    for columns in _COLUMN_CHOICES:
+        for count in _BLOCK_CHOICES:
+            if width % columns == 0 and blocks % count == 0 and columns * count * vectors <= 8:
+                return columns, count
+    return 1, 1
+
+
+class IntegerConvContraction(SafeRule):
+    """A function whose one reduction is an ``integer_conv`` product on a CPU with AVX2."""
+
+    def _schedule(self, func, target):
+        sch = s_tir.Schedule(func)
+        found = _integer_product(sch, target, INTEGER_CONV)
+        if found is None:
+            return None
+        product, intrin, stages = found
+        batch, blocks, row, column, channel, in_block, kernel_h, kernel_w, pair, within = sch.get_loops(product)
+        width, block_count, block = (int(sch.get(loop).extent) for loop in (column, blocks, channel))
+        if block % intrin.lanes:
+            return None
+        default = _conv_tile(width, block_count, block // intrin.lanes)
+        columns = int(choose("integer.conv_columns", default[0], _COLUMN_CHOICES))
+        count = int(choose("integer.conv_blocks", default[1], _BLOCK_CHOICES))
+        if width % columns or block_count % count:
+            return None
+        columns_outer, columns_inner = sch.split(column, [None, columns])
+        blocks_outer, blocks_inner = sch.split(blocks, [None, count])
+        vectors, lanes = sch.split(channel, [None, intrin.lanes])
+        # Blocks of output channels outermost: their weights stay in cache across the map's rows.
+        sch.reorder(blocks_outer, batch, row, columns_outer, in_block, kernel_h, kernel_w, pair,
+                    blocks_inner, columns_inner, vectors, lanes, within)  # fmt: skip
+        accumulators = sch.cache_write(product, 0, "local")
+        sch.reverse_compute_at(accumulators, columns_outer)
+        outer = sch.fuse(blocks_outer, batch, row)
+        if target_cores(target) > 1:
+            sch.parallel(outer)
+        *_, stored = sch.get_loops(accumulators)
+        sch.vectorize(stored)
+        _finish(
+            sch, target, product, in_block, intrin,
+            stages=stages, tensorized=lanes, unrolled=(blocks_inner, columns_inner, vectors),
+        )  # fmt: skip
         return sch

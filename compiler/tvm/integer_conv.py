@@ -1,0 +1,235 @@
+"""Statically quantized convolutions kept in integers: a QDQ model's ``Conv`` over a dequantized int8
+activation and a dequantized int8 weight computed as an integer conv on the CPU's int8 unit.
+
+A QDQ graph (``onnxruntime.quantization.quantize_static``) spells ``QLinearConv`` in float: the
+activation is quantized and dequantized again, the weight is an int8 constant dequantized, and the conv
+between them is a float one, which ONNX Runtime fuses back into an integer kernel. TVM's importer keeps
+it a float conv. Here, in two steps:
+
+1. :func:`quantized_convs`, before the layout stage: ``conv(dequantize(q, sx, zx), dequantize(W, sw, zw))``
+   becomes ``conv(q - zx, W - zw)`` in int16 with int32 sums, times ``sx * sw`` per output channel (from
+   the weights alone: lifted out of the request). Exact where the float conv rounds. The activation
+   enters in int16 with its zero point subtracted, so the conv's zero padding is the real zero, as it is
+   for the float conv. ConvertLayout then blocks it like any conv (NCHW{b}c), and carries the quantize
+   steps around it as the elementwise ops they are.
+2. :func:`integer_convs`, after blocking: each blocked int16 conv by a constant weight reads its weight
+   from ``(O/b, I/b, KH, KW, b/2, b, 2)`` panels packed here (pairs of input channels innermost under
+   ``b`` output channels: the layout of ``vpmaddwd``'s operand, :mod:`compiler.tvm.intrinsics`) in a
+   product block that :class:`compiler.tvm.schedules.integer.IntegerConvContraction` tensorizes.
+
+Only convs with whole blocks of input and output channels and one group are rewritten; any other conv of
+the graph stays a float conv of dequantized values, as before.
+
+Runs in the compile child only (imports TVM).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, te, topi
+
+from .panels import _static
+
+INTEGER_CONV = "integer_conv"
+"""The product block's name, which the schedule rule looks for."""
+PAIR = 2
+"""Input channels per int32 lane's product pair (``vpmaddwd``)."""
+
+
+def _op_name(expr) -> str:
+    return getattr(getattr(expr, "op", None), "name", "")
+
+
+@relax.expr_functor.mutator
+class _QuantizedConvs(relax.PyExprMutator):
+    def __init__(self, mod: tvm.ir.IRModule, block: int) -> None:
+        super().__init__(mod)
+        self.block = block
+        self.rewritten = 0
+
+    def _value(self, expr: relax.Expr) -> relax.Expr:
+        return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+    def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
+        value = self._value(expr)
+        if _op_name(value) != "relax.dequantize" or value.args[0].ty.dtype not in ("int8", "uint8"):
+            return None
+        return value
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "float32":
+            return call
+        attrs = call.attrs
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or attrs.groups != 1:
+            return call
+        activation, weight = (self._dequantized(arg) for arg in call.args)
+        if activation is None or weight is None or not isinstance(weight.args[0], tvm.ir.GenericConst):
+            return call
+        shape = _static(weight.args[0])
+        if shape is None or shape[0] % self.block or shape[1] % self.block:
+            return call
+        x_scale, x_zero = activation.args[1:]
+        w_scale, w_zero = weight.args[1:]
+        w_zero = self._value(w_zero)
+        if not isinstance(w_zero, tvm.ir.GenericConst) or _static(x_scale) not in ([], [1]):
+            return call
+        if _static(x_zero) not in ([], [1]) or _static(w_scale) not in ([], [1], [shape[0]]):
+            return call
+        zero = w_zero.value.numpy().astype(np.int16)
+        if zero.ndim == 1 and zero.size == shape[0]:
+            zero = zero.reshape(-1, 1, 1, 1)
+        elif zero.size != 1:
+            return call
+        exact = weight.args[0].value.numpy().astype(np.int16) - zero
+        data = relax.op.subtract(relax.op.astype(activation.args[0], "int16"), relax.op.astype(x_zero, "int16"))
+        sums = self.builder_.emit(
+            relax.op.nn.conv2d(
+                data,
+                relax.const(exact),
+                attrs.strides,
+                attrs.padding,
+                attrs.dilation,
+                1,
+                "NCHW",
+                "OIHW",
+                "NCHW",
+                "int32",
+            )
+        )
+        scale = self.builder_.emit(relax.op.multiply(x_scale, w_scale))
+        if _static(w_scale):
+            scale = self.builder_.emit(relax.op.reshape(scale, [1, -1, 1, 1]))
+        self.rewritten += 1
+        return self.builder_.normalize(relax.op.multiply(relax.op.astype(sums, "float32"), scale))
+
+
+def quantized_convs(mod: tvm.ir.IRModule, block: int) -> tuple[tvm.ir.IRModule, int]:
+    """``mod`` with every float conv of a dequantized int8 activation by a dequantized constant int8 weight
+    (channels in whole ``block`` s, one group) computed as an int16 conv with int32 sums (see the module's
+    docstring), and how many it rewrote."""
+    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
+        return mod, 0
+    mutator = _QuantizedConvs(mod, block)
+    g_var = mod.get_global_var("main")
+    rewritten = mutator.visit_expr(mod["main"])
+    if not mutator.rewritten:
+        return mod, 0
+    mutator.builder_.update_func(g_var, rewritten)
+    return mutator.builder_.get(), mutator.rewritten
+
+
+def _per_tensor(call: relax.Call) -> bool:
+    return all(_static(arg) in ([], [1]) for arg in call.args[1:])
+
+
+def quantize_as_elementwise(call: relax.Call) -> relax.Expr:
+    """A per-tensor ``quantize`` as the elementwise ops it legalizes to (``round(x / s) + z``, clipped to
+    the integer type and cast): ConvertLayout has no layout rule for ``quantize``, and left as it is, a
+    blocked QDQ model transformed every map back to NCHW and again around each of them."""
+    out_dtype = str(call.attrs.out_dtype)
+    if not _per_tensor(call) or out_dtype not in ("int8", "uint8"):
+        return call
+    data, scale, zero = call.args
+    limits = np.iinfo(out_dtype)
+    value = relax.op.add(relax.op.round(relax.op.divide(data, scale)), relax.op.astype(zero, data.ty.dtype))
+    value = relax.op.minimum(relax.op.maximum(value, relax.const(float(limits.min), data.ty.dtype)),
+                             relax.const(float(limits.max), data.ty.dtype))  # fmt: skip
+    return relax.op.astype(value, out_dtype)
+
+
+def dequantize_as_elementwise(call: relax.Call) -> relax.Expr:
+    """A per-tensor ``dequantize`` of int8/uint8 as ``(q - z) * s`` (exact in float32), for the same reason."""
+    data, scale, zero = call.args
+    if not _per_tensor(call) or data.ty.dtype not in ("int8", "uint8") or str(call.attrs.out_dtype) != "float32":
+        return call
+    difference = relax.op.subtract(relax.op.astype(data, "float32"), relax.op.astype(zero, "float32"))
+    return relax.op.multiply(difference, relax.op.astype(scale, "float32"))
+
+
+def _integer_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation) -> te.Tensor:
+    batch, _, height, width, block = (int(d) for d in data.shape)
+    out_blocks, in_blocks, kernel_h, kernel_w, pairs, _, pair = (int(d) for d in panels.shape)
+    top, left, bottom, right = padding
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="padded")
+    out_h = (height + top + bottom - (kernel_h - 1) * dilation[0] - 1) // strides[0] + 1
+    out_w = (width + left + right - (kernel_w - 1) * dilation[1] - 1) // strides[1] + 1
+    in_block = te.reduce_axis((0, in_blocks), name="in_block")
+    row = te.reduce_axis((0, kernel_h), name="kernel_h")
+    column = te.reduce_axis((0, kernel_w), name="kernel_w")
+    step = te.reduce_axis((0, pairs), name="pair")
+    within = te.reduce_axis((0, pair), name="within")
+    return te.compute(
+        (batch, out_blocks, out_h, out_w, block),
+        lambda n, o, y, x, c: te.sum(
+            data[
+                n,
+                in_block,
+                y * strides[0] + row * dilation[0],
+                x * strides[1] + column * dilation[1],
+                step * pair + within,
+            ].astype("int32")
+            * panels[o, in_block, row, column, step, c, within].astype("int32"),
+            axis=[in_block, row, column, step, within],
+        ),
+        name=INTEGER_CONV,
+    )
+
+
+def pack_conv_panels(exact: np.ndarray, block: int) -> np.ndarray:
+    """An OIHW integer weight (O and I multiples of ``block``) as ``(O/b, I/b, KH, KW, b/2, b, 2)`` panels."""
+    out_channels, in_channels, kernel_h, kernel_w = exact.shape
+    blocked = exact.reshape(out_channels // block, block, in_channels // block, block // PAIR, PAIR, kernel_h, kernel_w)
+    return np.ascontiguousarray(blocked.transpose(0, 2, 5, 6, 3, 1, 4))
+
+
+@relax.expr_functor.mutator
+class _IntegerConvs(relax.PyExprMutator):
+    def __init__(self, mod: tvm.ir.IRModule) -> None:
+        super().__init__(mod)
+        self.rewritten = 0
+
+    def _oihw_weight(self, expr: relax.Expr) -> np.ndarray | None:
+        """The OIHW constant ``expr`` is (or ConvertLayout's transform of)."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if _op_name(value) == "relax.layout_transform" and str(value.attrs.index_map) and value.args:
+            inner = self.lookup_binding(value.args[0]) if isinstance(value.args[0], relax.Var) else value.args[0]
+            value = inner
+        if isinstance(value, tvm.ir.GenericConst) and value.ty.dtype == "int16" and len(_static(value) or []) == 4:
+            return value.value.numpy()
+        return None
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "int32" or call.args[0].ty.dtype != "int16":
+            return call
+        attrs = call.attrs
+        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+        data = _static(call.args[0])
+        if data is None or len(data) != 5 or layouts[0] != layouts[2] or not layouts[0].startswith("NCHW"):
+            return call
+        block = data[4]
+        exact = self._oihw_weight(call.args[1])
+        if exact is None or block % 8 or exact.shape[0] % block or exact.shape[1] % block or attrs.groups != 1:
+            return call
+        panels = relax.const(pack_conv_panels(exact, block))
+        ints = [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
+        self.rewritten += 1
+        return self.builder_.call_te(_integer_conv, call.args[0], panels, *ints, primfunc_name_hint=INTEGER_CONV)
+
+
+def integer_convs(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
+    """``mod`` with every channel-blocked int16 conv by a constant weight (step 1's) computed on packed
+    panels by the ``integer_conv`` product, and how many it rewrote."""
+    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
+        return mod, 0
+    mutator = _IntegerConvs(mod)
+    g_var = mod.get_global_var("main")
+    rewritten = mutator.visit_expr(mod["main"])
+    if not mutator.rewritten:
+        return mod, 0
+    # The blocked weights' own transforms are left unused: dropped, not lifted into the weight transform.
+    mutator.builder_.update_func(g_var, relax.analysis.remove_all_unused(rewritten))
+    return mutator.builder_.get(), mutator.rewritten

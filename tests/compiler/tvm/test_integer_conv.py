@@ -1,0 +1,107 @@
+"""Statically quantized convs kept in integers (compiler/tvm/integer_conv.py, schedules/integer.py): a QDQ
+``Conv`` of a quantized activation by an int8 weight compiles to an int16 conv tensorized into
+``vpmaddwd``, whose sums are the exact integer ones, at the extremes of the activation's range."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from compiler.building.matrix_units import host_matrix_units
+from compiler.tvm.build import compile_relax, import_relax
+from compiler.tvm.integer_conv import pack_conv_panels, quantized_convs
+
+TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the int8 kernels here need AVX2")
+
+X_SCALE = 0.05
+
+
+def _qdq_conv(shape, weight, w_scale, bias, x_zero, *, stride: int, pad: int) -> onnx.ModelProto:
+    """``y = Conv(DQ(Q(x)), DQ(W), bias)``: the QDQ form ``quantize_static`` writes, weights per channel."""
+    zero_type = TensorProto.UINT8 if x_zero.dtype == np.uint8 else TensorProto.INT8
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["wd"], axis=0),
+        helper.make_node("Conv", ["xd", "wd", "b"], ["y"], kernel_shape=list(weight.shape[2:]),
+                         pads=[pad] * 4, strides=[stride] * 2),
+    ]  # fmt: skip
+    initializers = [
+        helper.make_tensor("x_scale", TensorProto.FLOAT, [], [X_SCALE]),
+        helper.make_tensor("x_zero", zero_type, [], [int(x_zero)]),
+        numpy_helper.from_array(weight, "w"),
+        numpy_helper.from_array(w_scale, "w_scale"),
+        numpy_helper.from_array(np.zeros(weight.shape[0], np.int8), "w_zero"),
+        numpy_helper.from_array(bias, "b"),
+    ]
+    graph = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _operands(shape, out_channels: int, kernel: int, activation: str):
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 3, shape).astype(np.float32)
+    x[0, :, 0, 0], x[0, :, 0, 1] = 1e3, -1e3  # clipped to the type's ends
+    weight = rng.integers(-128, 128, (out_channels, shape[1], kernel, kernel)).astype(np.int8)
+    weight[0] = -128  # with the activation's extremes: the largest sums of products
+    w_scale = rng.uniform(0.001, 0.01, out_channels).astype(np.float32)
+    bias = rng.normal(0, 1, out_channels).astype(np.float32)
+    x_zero = np.array(7 if activation == "int8" else 131, activation)
+    return x, weight, w_scale, bias, x_zero
+
+
+def _reference(x, weight, w_scale, bias, x_zero, *, stride: int, pad: int) -> np.ndarray:
+    """The conv of the quantized activation, in exact integers, scaled in float64."""
+    limits = np.iinfo(x_zero.dtype)
+    quantized = np.clip(np.round(x / np.float32(X_SCALE)) + int(x_zero), limits.min, limits.max).astype(np.int64)
+    centred = np.pad(quantized - int(x_zero), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    kernel = weight.shape[2]
+    out_h, out_w = ((d - kernel) // stride + 1 for d in centred.shape[2:])
+    sums = np.zeros((x.shape[0], weight.shape[0], out_h, out_w), np.int64)
+    for i in range(kernel):
+        for j in range(kernel):
+            window = centred[:, :, i : i + stride * out_h : stride, j : j + stride * out_w : stride]
+            sums += np.einsum("nchw,oc->nohw", window, weight[:, :, i, j].astype(np.int64))
+    scale = np.float64(X_SCALE) * w_scale.astype(np.float64)
+    return sums * scale[None, :, None, None] + bias[None, :, None, None]
+
+
+@pytest.mark.parametrize(("activation", "shape", "stride", "pad"), [
+    ("int8", (1, 16, 9, 10), 1, 1),
+    ("uint8", (2, 8, 11, 11), 2, 1),
+    ("int8", (1, 16, 7, 7), 1, 0),
+])  # fmt: skip
+def test_a_qdq_conv_sums_exactly_in_integers(activation, shape, stride, pad):
+    kernel = 3 if pad else 1
+    x, weight, w_scale, bias, x_zero = _operands(shape, 16, kernel, activation)
+    model = _qdq_conv(shape, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
+    observed: dict = {}
+    executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET, observed=observed)
+    assert "IntegerConvContraction" in observed["schedules"].values()
+    assert set(observed["units"].values()) == {"int8 on avx2 (vpmaddwd)"}
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    want = _reference(x, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(("channels", "rewritten"), [(16, 1), (12, 0)])
+def test_only_convs_of_whole_channel_blocks_are_rewritten(channels, rewritten):
+    shape = (1, channels, 6, 6)
+    _, weight, w_scale, bias, x_zero = _operands(shape, channels, 3, "int8")
+    mod = import_relax(_qdq_conv(shape, weight, w_scale, bias, x_zero, stride=1, pad=1), {"x": shape},
+                       {"x": "float32"})  # fmt: skip
+    assert quantized_convs(mod, 8)[1] == rewritten
+
+
+def test_conv_panels_hold_pairs_of_input_channels_under_each_output_channel():
+    exact = np.arange(16 * 16 * 2 * 3, dtype=np.int16).reshape(16, 16, 2, 3)
+    panels = pack_conv_panels(exact, 8)
+    assert panels.shape == (2, 2, 2, 3, 4, 8, 2)
+    out_block, in_block, row, column, pair, lane, within = 1, 0, 1, 2, 3, 5, 1
+    assert panels[out_block, in_block, row, column, pair, lane, within] == exact[8 + 5, 7, 1, 2]
