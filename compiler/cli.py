@@ -37,6 +37,14 @@ def _add_bucket_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--target", default=None, help="llvm, cuda or a JSON target dict")
     parser.add_argument("--store", default=None, help="artifact store directory")
+    parser.add_argument(
+        "--cosine",
+        type=float,
+        default=None,
+        help="verify within this least cosine similarity to ONNX Runtime instead of fp32's tolerances "
+        "(a quantized model's int8 contract, as its owner's budget would say)",
+    )
+    parser.add_argument("--top-k", type=int, default=None, help="with or instead of --cosine: top class among k")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -140,9 +148,26 @@ def _compile_context(args, settings, *, spinning: bool = True):
         timeout_seconds=getattr(args, "timeout", None) or settings.compile_timeout_seconds,
         memory_limit_bytes=settings.compile_memory_bytes,
         shipped_tuning=settings.shipped_tuning,
+        budget=_budget(args),
     )
     store = KernelStore(args.store or settings.kernel_store_dir)
     return model, buckets, target, options, store
+
+
+def _budget(args):
+    """The accuracy budget ``--cosine`` / ``--top-k`` give, or None."""
+    from pydantic import ValidationError
+
+    from .errors import BadRequestError
+    from .running.precision import AccuracyBudget
+
+    if getattr(args, "cosine", None) is None and getattr(args, "top_k", None) is None:
+        return None
+    try:
+        return AccuracyBudget(cosine=args.cosine, top_k=args.top_k)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise BadRequestError(f"--cosine/--top-k: {problems}") from None
 
 
 def _compile(args, settings) -> list[dict]:

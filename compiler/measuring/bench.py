@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from ..building.build import compile_bucket, open_kernel, profile_kernel
 from ..building.matrix_units import host_matrix_units
@@ -18,6 +19,7 @@ from ..errors import JitServeError
 from ..models.model import LoadedModel
 from ..running.arrays import random_inputs
 from ..running.engines import Engine, OrtEngine
+from ..running.precision import compare_within_budget
 from ..shapes.buckets import Bucket, bucket_label
 from ..storage.store import KernelStore
 from .profile import compare_by_class, format_profile, kernel_profile, ort_profile
@@ -124,9 +126,10 @@ def _openvino(model, bucket, ort, options, store, *, threads, log) -> tuple[Engi
         return None, {"openvino_verified": False, "openvino_error": str(exc)}
     seconds = time.perf_counter() - started
     dtypes = {s.name: s.dtype for s in model.signature.inputs}
+    within = None if options.budget is None else partial(compare_within_budget, budget=options.budget)
     verified, detail = verify_openvino(
         engine, ort, bucket, dtypes, rtol=options.rtol, atol=options.atol, seed=options.seed,
-        index_limits=model.index_bounds.limits, steps=model.output_steps,
+        index_limits=model.index_bounds.limits, steps=model.output_steps, compare=within,
     )  # fmt: skip
     log(f"{bucket_label(bucket)} openvino: built in {seconds:.1f}s, {engine.nbytes / 2**20:.0f} MiB, {detail}")
     facts = {"openvino_verified": verified, "openvino_seconds": round(seconds, 2), "openvino_bytes": engine.nbytes}

@@ -65,6 +65,12 @@ def test_compile_then_cached(two_input, tmp_path):
     # Generous bound on a whole interpreter start: a compile takes several seconds.
     assert elapsed < 5
 
+    # Verified within a budget (a quantized model's int8 contract) instead: another artifact.
+    budgeted = cli(*args, "--cosine", "0.999")
+    assert budgeted.returncode == 0, budgeted.stderr
+    within = json.loads(budgeted.stdout)
+    assert within["verified"] is True and within["key"] != built["key"]
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -75,6 +81,7 @@ def test_compile_then_cached(two_input, tmp_path):
         (("compile", "{model}", "--shape", "a=2,8,1", "--shape", "b=2,8"), "rank"),
         (("compile", "{model}", "--shape", "a=2,8", "--shape", "b=2,8", "--target", "tpu"), "unknown target"),
         (("compile", "{garbage}", "--shape", "a=2,8"), "not an ONNX model"),
+        (("compile", "{model}", "--shape", "a=2,8", "--shape", "b=2,8", "--cosine", "1.5"), "--cosine/--top-k"),
     ],
 )
 def test_bad_input_gives_one_line_error(two_input, tmp_path, args, message):

@@ -118,7 +118,7 @@ class IntegerContraction(SafeRule):
 # columns by two blocks where the row allows (one broadcast of a channel pair feeds two vpmaddwd), else
 # seven by one (ResNet's 14- and 7-wide maps).
 _COLUMN_CHOICES = (4, 7, 6, 5, 3, 2, 1, 8)
-_BLOCK_CHOICES = (2, 1)
+_BLOCK_CHOICES = (2, 1, 4)
 
 
 def _conv_tile(width: int, blocks: int, vectors: int) -> tuple[int, int]:
