@@ -14,7 +14,7 @@ columns by groups of ``k``: the layouts of :mod:`compiler.tvm.intrinsics`' AVX2 
 
 - ``(N/8, K/4, 8, 4)`` int8, where ``A`` is uint8 and ``W'`` is int8 whose pairs of ``k`` keep
   ``BYTE_PAIR_BOUND`` (:func:`compiler.models.quantized.byte_pairs_fit`: 7-bit weights always do):
-  ``vpmaddubsw``, exact there.
+  ``vpmaddubsw``, exact there; on a CPU with VNNI, any int8 ``W'`` (``vpdpbusd`` sums into int32, exact).
 - ``(N/8, K/2, 8, 2)`` int16 otherwise, ``A`` widened to int16 once per request: ``vpmaddwd``, which
   multiplies int16 pairs into int32 and never saturates. (ONNX Runtime's AVX2 kernel takes
   ``vpmaddubsw`` on any weight, and its answers then depend on the data.)
@@ -83,8 +83,9 @@ def _widened(expr: relax.Expr, lookup) -> tuple[relax.Expr, relax.Expr | None] |
 
 @relax.expr_functor.mutator
 class _IntegerMatmuls(relax.PyExprMutator):
-    def __init__(self, mod: tvm.ir.IRModule) -> None:
+    def __init__(self, mod: tvm.ir.IRModule, exact_bytes: bool) -> None:
         super().__init__(mod)
+        self.exact_bytes = exact_bytes
         self.rewritten = 0
 
     def _lookup(self, var: relax.Var) -> relax.Expr | None:
@@ -109,7 +110,12 @@ class _IntegerMatmuls(relax.PyExprMutator):
         depth = shape[0]
         exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
         sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
-        if x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0 and byte_pairs_fit(exact):
+        in_bytes = exact.min(initial=0) >= -128 and exact.max(initial=0) <= 127
+        if (
+            x.ty.dtype == "uint8"
+            and depth % BYTE_GROUP == 0
+            and ((self.exact_bytes and in_bytes) or byte_pairs_fit(exact))
+        ):
             panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
         else:
             panels = relax.const(pack_panels(exact, 2))
@@ -145,12 +151,12 @@ def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(depth // group, group, count, PANEL_LANES).transpose(2, 0, 3, 1))
 
 
-def integer_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
+def integer_matmuls(mod: tvm.ir.IRModule, *, exact_bytes: bool = False) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed panels (see
-    the module's docstring), and how many it rewrote."""
+    the module's docstring), and how many it rewrote; ``exact_bytes``: the target sums bytes exactly (VNNI)."""
     if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
         return mod, 0
-    mutator = _IntegerMatmuls(mod)
+    mutator = _IntegerMatmuls(mod, exact_bytes)
     g_var = mod.get_global_var("main")
     rewritten = mutator.visit_expr(mod["main"])
     if not mutator.rewritten:  # as it was: a rebuilt module loses what the dynamic tier's functions carry

@@ -9,8 +9,10 @@ accumulator on the weights they are used for.
 - ``avx2``: operands widened to int16 and multiplied in pairs (``vpmaddwd``); or, for weights whose
   pairs keep :data:`compiler.models.quantized.BYTE_PAIR_BOUND`, bytes multiplied in pairs into int16
   (``vpmaddubsw``), which saturates on others (two products of 255 x 127 overflow it).
-- ``avx-vnni`` / ``avx512-vnni``: ``vpdpbusd``, four u8 x s8 products into each int32 lane. TVM 0.27's own
-  ``dot_16x4_vnni`` no longer tensorizes with LLVM 22 (its operands are ``<64 x i8>`` now).
+- ``avx-vnni`` / ``avx512-vnni``: ``vpdpbusd``, four u8 x s8 products into each int32 lane, exact on any
+  weight (no int16 sum between). TVM 0.27's own ``dot_16x4_vnni`` no longer tensorizes with LLVM 22 (its
+  operands are ``<64 x i8>`` now). ``vpdpwssd``: two int16 x int16 products, added in the same
+  instruction.
 - ``avx512-bf16``: ``vdpbf16ps``, two bf16 products into each float32 lane. bf16 is stored as uint16
   (TVM legalizes bf16 storage to it, and LLVM's intrinsic wants ``<32 x bfloat>``, which TIR cannot
   name after that): the call goes through a two-line LLVM function imported into the module
@@ -162,6 +164,34 @@ def _vnni_impl(intrin: DotIntrinsic, scope: str):
     return impl
 
 
+def _vnni_words_impl(intrin: DotIntrinsic, scope: str):
+    """``vpdpwssd``: ``lanes`` int32 lanes (8 with AVX-VNNI or AVX512-VNNI's VL form, 16 with AVX512-VNNI),
+    2 int16 x int16 products each, added to the accumulator in the same instruction (``vpmaddwd`` needs a
+    ``vpaddd``)."""
+    lanes = intrin.lanes
+    llvm = f"llvm.x86.avx512.vpdpwssd.{lanes * 32}"
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((2,), "int16", offset_factor=1),
+        B: T.Buffer((lanes, 2), "int16", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            pair = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(llvm),
+                C[T.ramp(T.int32(0), 1, lanes)],
+                T.reinterpret(T.broadcast(pair, lanes), dtype=f"int16x{lanes * 2}"),
+                B.vload([0, 0], dtype=f"int16x{lanes * 2}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    return impl
+
+
 _DPBF16PS = """
 define internal <16 x float> @jitserve_dpbf16ps_512(<16 x float> %c, <32 x i16> %a, <32 x i16> %b) alwaysinline {
   %a.bf16 = bitcast <32 x i16> %a to <32 x bfloat>
@@ -279,11 +309,22 @@ INTRINSICS = (
     DotIntrinsic("jitserve_dot_8x4_u8s8_avx2_bounded", "avx2", "uint8", "int8", "int32", 8, 4, "vpmaddubsw"),
     DotIntrinsic("jitserve_dot_8x4_u8s8_avx_vnni", "avx-vnni", "uint8", "int8", "int32", 8, 4, "vpdpbusd"),
     DotIntrinsic("jitserve_dot_16x4_u8s8_avx512_vnni", "avx512-vnni", "uint8", "int8", "int32", 16, 4, "vpdpbusd"),
+    # 8 lanes of vpdpbusd on AVX512-VNNI (its VL form): the matmul panels' width. Exact on any weight.
+    DotIntrinsic("jitserve_dot_8x4_u8s8_avx512_vnni", "avx512-vnni", "uint8", "int8", "int32", 8, 4, "vpdpbusd"),
+    DotIntrinsic("jitserve_dot_8x2_s16s16_avx_vnni", "avx-vnni", "int16", "int16", "int32", 8, 2, "vpdpwssd"),
+    DotIntrinsic("jitserve_dot_8x2_s16s16_avx512_vnni", "avx512-vnni", "int16", "int16", "int32", 8, 2, "vpdpwssd"),
+    DotIntrinsic("jitserve_dot_16x2_s16s16_avx512_vnni", "avx512-vnni", "int16", "int16", "int32", 16, 2, "vpdpwssd"),
     DotIntrinsic(
         "jitserve_dot_16x2_bf16_avx512_bf16", "avx512-bf16", "uint16", "uint16", "float32", 16, 2, "vdpbf16ps"
     ),
 )
-_IMPLS = {"vpmaddwd": _avx2_impl, "vpmaddubsw": _avx2_bytes_impl, "vpdpbusd": _vnni_impl, "vdpbf16ps": _bf16_impl}
+_IMPLS = {
+    "vpmaddwd": _avx2_impl,
+    "vpmaddubsw": _avx2_bytes_impl,
+    "vpdpbusd": _vnni_impl,
+    "vpdpwssd": _vnni_words_impl,
+    "vdpbf16ps": _bf16_impl,
+}
 
 
 @functools.cache
@@ -302,9 +343,30 @@ def amx_bf16_tile() -> str:
     return AMX_BF16_TILE
 
 
-def dot_intrinsic(unit: str, activation: str, weight: str, depth: int) -> DotIntrinsic | None:
+def dot_intrinsic(unit: str, activation: str, weight: str, depth: int, lanes: int = 8) -> DotIntrinsic | None:
     """The intrinsic for ``unit`` (a :class:`compiler.building.matrix_units.MatrixUnits` unit name) on
-    ``activation`` by ``weight`` operands, ``depth`` products per lane; None where there is none (the VNNI
-    ones take uint8 activations only, and the AMX tiles have no intrinsic here yet)."""
-    wanted = (unit, activation, weight, depth)
-    return next((i for i in INTRINSICS if (i.unit, i.activation, i.weight, i.depth) == wanted), None)
+    ``activation`` by ``weight`` operands, ``depth`` products into each of ``lanes``; None where there is
+    none (the VNNI byte ones take uint8 activations only, and the AMX tiles have no intrinsic here yet)."""
+    wanted = (unit, activation, weight, depth, lanes)
+    return next((i for i in INTRINSICS if (i.unit, i.activation, i.weight, i.depth, i.lanes) == wanted), None)
+
+
+# The int8 units a target's LLVM features name, fastest first (AVX512-VNNI's 8-lane forms need AVX512VL).
+_TARGET_UNITS = (("avx512-vnni", ("avx512vnni", "avx512vl")), ("avx-vnni", ("avxvnni",)), ("avx2", ("avx2",)))
+
+
+def target_int8_units(target) -> list[str]:
+    """The int8 units ``target`` has (:data:`INTRINSICS`' unit names), fastest first."""
+    from tvm.target.codegen import llvm_cpu_has_features
+
+    return [unit for unit, features in _TARGET_UNITS if all(llvm_cpu_has_features(f, target) for f in features)]
+
+
+def best_dot_intrinsic(target, activation: str, weight: str, depth: int, lanes: tuple[int, ...] = (8,)):
+    """The fastest intrinsic ``target`` runs for these operands, the widest of ``lanes`` first; None where none."""
+    for unit in target_int8_units(target):
+        for width in sorted(lanes, reverse=True):
+            intrin = dot_intrinsic(unit, activation, weight, depth, width)
+            if intrin is not None:
+                return intrin
+    return None

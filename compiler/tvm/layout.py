@@ -43,6 +43,7 @@ from tvm.target.codegen import llvm_cpu_has_features
 from .channel_padding import pad_channels_to_blocks
 from .integer_conv import dequantize_as_elementwise, integer_convs, quantize_as_elementwise, quantized_convs
 from .integer_matmul import integer_matmuls
+from .intrinsics import target_int8_units
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 from .shapes import static_shape
@@ -376,7 +377,8 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
-            mod = quantized_convs(integer_matmuls(mod)[0], block)[0]
+            exact_bytes = target_int8_units(target)[0] != "avx2"  # VNNI's vpdpbusd sums bytes into int32
+            mod = quantized_convs(integer_matmuls(mod, exact_bytes=exact_bytes)[0], block)[0]
         mod = _rewritten(mod, _ALWAYS)
         blocked = blocked_or_none(mod)
         if blocked is None:

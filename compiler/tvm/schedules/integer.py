@@ -16,7 +16,7 @@ from tvm import s_tir
 
 from ..integer_conv import INTEGER_CONV
 from ..integer_matmul import INTEGER_MATMUL
-from ..intrinsics import dot_intrinsic, registered
+from ..intrinsics import best_dot_intrinsic, registered
 from .base import (
     UNIT_ANNOTATION,
     SafeRule,
@@ -42,9 +42,14 @@ def _divisor(extent: int, candidates: tuple[int, ...]) -> int:
     return next(c for c in candidates if extent % c == 0)
 
 
-def _integer_product(sch, target, name: str):
-    """The function's one reduction where it is a ``name`` product on a CPU with AVX2, with the intrinsic
-    for its operands; its epilogue inlined (the activation's producer stays a stage: a tensorized load
+def _extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _integer_product(sch, target, name: str, lanes_of=lambda _loops: (8,)):
+    """The function's one reduction where it is a ``name`` product on a CPU with AVX2, with the fastest
+    intrinsic for its operands that the target has (VNNI's where present; ``lanes_of`` its loops: the
+    widths it may take); its epilogue inlined (the activation's producer stays a stage: a tensorized load
     reads a buffer). None where the rule does not apply."""
     from tvm.target.codegen import llvm_cpu_has_features
 
@@ -55,8 +60,9 @@ def _integer_product(sch, target, name: str):
         return None
     product = reductions[0]
     activation, weight = (region.source for region in sch.get(product).reads[:2])
-    within = sch.get_loops(product)[-1]
-    intrin = dot_intrinsic("avx2", str(activation.dtype), str(weight.dtype), int(sch.get(within).extent))
+    loops = sch.get_loops(product)
+    depth = int(sch.get(loops[-1]).extent)
+    intrin = best_dot_intrinsic(target, str(activation.dtype), str(weight.dtype), depth, lanes_of(loops))
     if intrin is None:
         return None
     product_name = sch.get(product).name_hint
@@ -135,7 +141,10 @@ class IntegerConvContraction(SafeRule):
 
     def _schedule(self, func, target):
         sch = s_tir.Schedule(func)
-        found = _integer_product(sch, target, INTEGER_CONV)
+        # AVX-512's 16-channel blocks take 16-lane products where the unit has them (vpdpwssd on zmm).
+        found = _integer_product(
+            sch, target, INTEGER_CONV, lambda loops: (8, 16)[: 2 if _extent(sch, loops[4]) % 16 == 0 else 1]
+        )
         if found is None:
             return None
         product, intrin, stages = found

@@ -105,3 +105,31 @@ def test_conv_panels_hold_pairs_of_input_channels_under_each_output_channel():
     assert panels.shape == (2, 2, 2, 3, 4, 8, 2)
     out_block, in_block, row, column, pair, lane, within = 1, 0, 1, 2, 3, 5, 1
     assert panels[out_block, in_block, row, column, pair, lane, within] == exact[8 + 5, 7, 1, 2]
+
+
+@pytest.mark.parametrize(("mcpu", "instruction", "register"), [
+    ("haswell", "vpmaddwd", "%ymm"),
+    ("alderlake", "vpdpwssd", "%ymm"),  # AVX-VNNI: the product and its sum in one instruction
+    ("cascadelake", "vpdpwssd", "%zmm"),  # AVX512-VNNI on AVX-512's 16-channel blocks
+])  # fmt: skip
+def test_the_integer_conv_runs_on_the_targets_int16_unit(mcpu, instruction, register):
+    """Checked by the code compiled for each CPU (run above where this one is one)."""
+    from compiler.tvm.pipeline import tuned_module_stages
+    from compiler.tvm.schedules import IntegerConvContraction
+
+    shape = (1, 32, 7, 7)
+    _, weight, w_scale, bias, x_zero = _operands(shape, 32, 3, "int8")
+    mod = import_relax(_qdq_conv(shape, weight, w_scale, bias, x_zero, stride=1, pad=1), {"x": shape},
+                       {"x": "float32"})  # fmt: skip
+    target = tvm.target.Target({**TARGET, "mcpu": mcpu})
+    with target:
+        for _, passes in tuned_module_stages(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+    kernels = [f for gv, f in mod.functions_items() if "integer_conv" in gv.name_hint]
+    assert len(kernels) == 1
+    sch = IntegerConvContraction().apply(kernels[0], target, False)
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+    # AVX-VNNI's encoding is written "{vex} vpdpwssd".
+    lines = [[word for word in line.split() if word != "{vex}"] for line in lib.inspect_source("asm").splitlines()]
+    products = [words for words in lines if words and words[0] == instruction]
+    assert products and all(register in " ".join(words) for words in products)
