@@ -45,6 +45,12 @@ def _add_bucket_arguments(parser: argparse.ArgumentParser) -> None:
         "(a quantized model's int8 contract, as its owner's budget would say)",
     )
     parser.add_argument("--top-k", type=int, default=None, help="with or instead of --cosine: top class among k")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: matmuls by weights with bf16 operands and float32 sums, on a CPU with AVX512-BF16 (give a budget)",
+    )
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -149,9 +155,23 @@ def _compile_context(args, settings, *, spinning: bool = True):
         memory_limit_bytes=settings.compile_memory_bytes,
         shipped_tuning=settings.shipped_tuning,
         budget=_budget(args),
+        precision=_precision(args, target),
     )
     store = KernelStore(args.store or settings.kernel_store_dir)
     return model, buckets, target, options, store
+
+
+def _precision(args, target: dict) -> str:
+    """``--precision``, refused where the host CPU (the target it compiles for) has no unit for it."""
+    from .building.matrix_units import host_matrix_units
+    from .errors import BadRequestError
+
+    precision = getattr(args, "precision", "fp32")
+    if precision != "fp32" and target["kind"] == "llvm":
+        missing = host_matrix_units().missing(precision)
+        if missing:
+            raise BadRequestError(f"--precision {precision}: {missing}")
+    return precision
 
 
 def _budget(args):

@@ -181,6 +181,7 @@ def compile_bucket(
                     explain_dir=str(staging / EXPLAIN_DIR) if options.explain else None,
                     explain_code=options.explain_code,
                     budget=options.budget.model_dump() if options.budget else None,
+                    precision=options.precision,
                 )
                 facts = run_in_child(
                     builder,

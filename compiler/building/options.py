@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -105,6 +106,11 @@ class CompileOptions(BaseModel):
     budget: AccuracyBudget | None = Field(
         None, description="verify within this budget instead of the tolerances (a quantized model's int8 contract)"
     )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="bf16: matmuls by weights with bf16 operands and float32 sums (compiler/tvm/bf16_matmul.py); "
+        "verified within the budget",
+    )
 
     def child_limits(self) -> dict:
         """``run_in_child``'s priority and memory arguments for a child working for this compile."""
@@ -125,6 +131,8 @@ class CompileOptions(BaseModel):
         }
         if self.budget is not None:
             key["verify"]["budget"] = self.budget.model_dump(exclude_none=True)
+        if self.precision != "fp32":
+            key["precision"] = self.precision
         if self.tune_trials:
             key["tune"] = [self.tune_trials, self.tune_trials_per_task]
         if self.shipped_tuning:  # its records choose schedules: a new release's file, new kernels
@@ -174,6 +182,8 @@ class BuildJob:
     budget: dict | None = None
     """An :class:`~compiler.running.precision.AccuracyBudget`'s fields: verified within it, not the
     tolerances."""
+    precision: str = "fp32"
+    """``bf16``: the matmuls by weights computed in bf16 (``compile_relax``'s ``precision``)."""
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,11 @@ def bench_bucket(
                 "database_dir": str(store.tuning_database),
             }
         )
-    facts: dict = {"bucket": bucket_label(bucket), "target": kind, "precision": precisions(model, kind)}
+    facts: dict = {
+        "bucket": bucket_label(bucket),
+        "target": kind,
+        "precision": precisions(model, kind, options.precision),
+    }
     ranking: dict = {}
     for tier, tier_options in tiers.items():
         outcome = compile_bucket(model, bucket, target, store, tier_options, kernel_times=ranking)
@@ -100,11 +104,13 @@ def bench_bucket(
     }
 
 
-def precisions(model: LoadedModel, kind: str) -> dict[str, str]:
+def precisions(model: LoadedModel, kind: str, compiled: str = "fp32") -> dict[str, str]:
     """The arithmetic each engine runs the model in: a quantized model's integer ops in int8 on ONNX
-    Runtime, and on TVM where the compiled tier keeps them in integers (on the CPU's unit), else in fp32."""
+    Runtime, and on TVM where the compiled tier keeps them in integers (on the CPU's unit), else in fp32;
+    ``compiled``: the precision TVM was asked for (``bf16``: its matmuls by weights)."""
     if not model.integer_ops:
-        return {"onnxruntime": "fp32", "tvm": "fp32", "openvino": "fp32"}
+        tvm = f"bf16 ({host_matrix_units().unit('bf16')})" if compiled == "bf16" else "fp32"
+        return {"onnxruntime": "fp32", "tvm": tvm, "openvino": "fp32"}
     unit = host_matrix_units().unit("int8") if kind == "llvm" else None
     tvm = f"int8 ({unit})" if unit and model.integer_refusal is None else "fp32 (its integer ops run in float)"
     return {"onnxruntime": "int8", "tvm": tvm, "openvino": "int8"}

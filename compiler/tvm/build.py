@@ -30,6 +30,7 @@ from ..running.engines import OrtEngine, TvmEngine
 from ..running.precision import AccuracyBudget, compare_within_budget
 from ..shapes.buckets import dim_step, is_symbolic
 from . import COMPILER_VERSION
+from .bf16_matmul import PRECISION_ATTR
 from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
@@ -103,11 +104,15 @@ def compile_relax(
     *,
     symbolic_bounds: dict[str, tuple[int, int]] | None = None,
     snapshot=None,
+    precision: str = "fp32",
 ):
     """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest;
     ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with; ``snapshot``: called
-    with each stage's name and module (an explain bundle's record)."""
+    with each stage's name and module (an explain bundle's record); ``precision``: ``"bf16"`` computes the
+    matmuls by weights in bf16 (:mod:`compiler.tvm.bf16_matmul`)."""
     target = tvm.target.Target(target_dict)
+    if precision == "bf16":
+        mod = mod.with_attr(PRECISION_ATTR, "bf16")
     if target.kind.name == "cuda":
         use_exact_cuda_math()
     try:
@@ -192,8 +197,9 @@ def build_and_verify(job: BuildJob) -> dict:
     database = open_shared_database(job.database_dir, tvm.target.Target(job.target), shipped_dir=shipped)
     recorder = StageRecorder(mod) if job.explain_dir else None
     executable = compile_relax(
-        mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder
-    )
+        mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder,
+        precision=job.precision,
+    )  # fmt: skip
     facts["schedule_digest"] = observed.get("schedule_digest")
     facts["schedules"] = observed.get("schedules")
     facts["weight_outputs"] = observed.get("weight_outputs")

@@ -351,12 +351,19 @@ def dot_intrinsic(unit: str, activation: str, weight: str, depth: int, lanes: in
     return next((i for i in INTRINSICS if (i.unit, i.activation, i.weight, i.depth, i.lanes) == wanted), None)
 
 
-# The int8 units a target's LLVM features name, fastest first (AVX512-VNNI's 8-lane forms need AVX512VL).
-_TARGET_UNITS = (("avx512-vnni", ("avx512vnni", "avx512vl")), ("avx-vnni", ("avxvnni",)), ("avx2", ("avx2",)))
+# The units a target's LLVM features name, fastest first for int8 (AVX512-VNNI's 8-lane forms need AVX512VL).
+_TARGET_UNITS = (
+    ("avx512-vnni", ("avx512vnni", "avx512vl")),
+    ("avx-vnni", ("avxvnni",)),
+    ("avx512-bf16", ("avx512bf16",)),
+    ("avx2", ("avx2",)),
+)
+VNNI_UNITS = ("avx512-vnni", "avx-vnni")
+"""The units whose byte products sum into int32 exactly (``vpdpbusd``), on any int8 weight."""
 
 
-def target_int8_units(target) -> list[str]:
-    """The int8 units ``target`` has (:data:`INTRINSICS`' unit names), fastest first."""
+def target_units(target) -> list[str]:
+    """The reduced-precision units ``target`` has (:data:`INTRINSICS`' unit names), fastest first."""
     from tvm.target.codegen import llvm_cpu_has_features
 
     return [unit for unit, features in _TARGET_UNITS if all(llvm_cpu_has_features(f, target) for f in features)]
@@ -364,7 +371,7 @@ def target_int8_units(target) -> list[str]:
 
 def best_dot_intrinsic(target, activation: str, weight: str, depth: int, lanes: tuple[int, ...] = (8,)):
     """The fastest intrinsic ``target`` runs for these operands, the widest of ``lanes`` first; None where none."""
-    for unit in target_int8_units(target):
+    for unit in target_units(target):
         for width in sorted(lanes, reverse=True):
             intrin = dot_intrinsic(unit, activation, weight, depth, width)
             if intrin is not None:

@@ -40,10 +40,11 @@ import tvm
 from tvm import relax
 from tvm.target.codegen import llvm_cpu_has_features
 
+from .bf16_matmul import bf16_matmuls, wants_bf16
 from .channel_padding import pad_channels_to_blocks
 from .integer_conv import dequantize_as_elementwise, integer_convs, quantize_as_elementwise, quantized_convs
 from .integer_matmul import integer_matmuls
-from .intrinsics import target_int8_units
+from .intrinsics import VNNI_UNITS, target_units
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 from .shapes import static_shape
@@ -377,12 +378,15 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
-            exact_bytes = target_int8_units(target)[0] != "avx2"  # VNNI's vpdpbusd sums bytes into int32
+            exact_bytes = bool(set(VNNI_UNITS) & set(target_units(target)))  # vpdpbusd sums bytes into int32
             mod = quantized_convs(integer_matmuls(mod, exact_bytes=exact_bytes)[0], block)[0]
         mod = _rewritten(mod, _ALWAYS)
+        in_bf16 = 0
+        if wants_bf16(mod):  # after the rows are flattened: one 2-D product per matmul
+            mod, in_bf16 = bf16_matmuls(mod)
         blocked = blocked_or_none(mod)
         if blocked is None:
-            return _panels_lifted(_rewritten(mod, _LAST), block)
+            return _panels_lifted(_rewritten(mod, _LAST), block, lift=in_bf16 > 0)
         blocked = integer_convs(relax.transform.Normalize()(_rewritten(blocked, _LAST)))[0]
         # Constants are left to the pipeline's own folding stage, after legalization: folded here, before it,
         # they cost YOLOv8n 1.5 s of its 12.5 s compile, and 1.0 there (11.8 s in all).
@@ -396,7 +400,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     return [convert, split]
 
 
-def _panels_lifted(mod: tvm.ir.IRModule, block: int) -> tvm.ir.IRModule:
+def _panels_lifted(mod: tvm.ir.IRModule, block: int, *, lift: bool = False) -> tvm.ir.IRModule:
     """``mod``'s matmuls by weights reading them from panels (``panel_matmuls``), and its weight work lifted
     into the weight transform. An unblocked model's too: packed inside the kernel, a panel's K rows came
     from K pages of a cold weight at every call (BERT-base 1x128 ran 0.87-0.94x the time with its weights
@@ -404,4 +408,5 @@ def _panels_lifted(mod: tvm.ir.IRModule, block: int) -> tvm.ir.IRModule:
     transform replaces is no second copy: the server gives the mapped pages of the weights it consumed
     back (``server/runtime/memory/kernel_cache.py``)."""
     packed, count = panel_matmuls(mod, block)
-    return relax.transform.LiftTransformParams()(relax.transform.Normalize()(packed)) if count else mod
+    # ``lift``: other weight work to lift (bf16 panels) whether or not a float matmul was packed.
+    return relax.transform.LiftTransformParams()(relax.transform.Normalize()(packed)) if count or lift else mod

@@ -126,3 +126,15 @@ def test_bench_prints_one_json_line_per_bucket_and_plots(two_input, tmp_path):
         assert row["compile_seconds"] > 0 and row["tune_seconds"] > 0 and row["tune_trials"] >= 1
         assert row["precision"] == {"onnxruntime": "fp32", "tvm": "fp32", "openvino": "fp32"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bf16_is_refused_on_a_cpu_without_a_bf16_unit(two_input, tmp_path):
+    from compiler.building.matrix_units import host_matrix_units
+
+    missing = host_matrix_units().missing("bf16")
+    if missing is None:
+        pytest.skip("this CPU has a bf16 unit (AVX512-BF16 or AMX): --precision bf16 compiles here")
+    args = ("compile", str(two_input), "--shape", "a=2,8", "--shape", "b=2,8", "--precision", "bf16")
+    result = cli(*args, "--store", str(tmp_path / "s"))
+    assert result.returncode != 0 and result.stderr.strip() == f"error: --precision bf16: {missing}"
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").rglob("manifest.json"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
+from ..bf16_matmul import BF16_LANES, BF16_MATMUL
 from ..integer_conv import INTEGER_CONV
 from ..integer_matmul import INTEGER_MATMUL
 from ..intrinsics import best_dot_intrinsic, registered
@@ -81,15 +82,19 @@ def _finish(sch, target, product, reduction, intrin, *, stages, tensorized, unro
         sch.unroll(loop)
     for name in stages:
         schedule_stage(sch, sch.get_sblock(name), target)
-    sch.annotate(sch.get_sblock("root"), UNIT_ANNOTATION, f"int8 on {intrin.unit} ({intrin.instruction})")
+    precision = "bf16" if intrin.accumulator == "float32" else "int8"
+    sch.annotate(sch.get_sblock("root"), UNIT_ANNOTATION, f"{precision} on {intrin.unit} ({intrin.instruction})")
 
 
 class IntegerContraction(SafeRule):
-    """A function whose one reduction is an ``integer_matmul`` product on a CPU with AVX2."""
+    """A function whose one reduction is an ``integer_matmul`` product on a CPU with AVX2, or a
+    ``bf16_matmul`` one (:mod:`compiler.tvm.bf16_matmul`, 16-lane panels) on one with AVX512-BF16."""
 
     def _schedule(self, func, target):
         sch = s_tir.Schedule(func)
-        found = _integer_product(sch, target, INTEGER_MATMUL)
+        found = _integer_product(sch, target, INTEGER_MATMUL) or _integer_product(
+            sch, target, BF16_MATMUL, lambda _loops: (BF16_LANES,)
+        )
         if found is None:
             return None
         product, intrin, stages = found

@@ -1,0 +1,128 @@
+"""bf16 matmuls: a float32 matmul by a weight computed with bf16 operands and float32 sums, on AVX512-BF16's
+``vdpbf16ps`` (:mod:`compiler.tvm.intrinsics`), for a model whose precision contract allows ``bf16``.
+
+``x @ W`` (``W`` a weight or a constant, ``K x N``, ``K`` even) becomes three functions:
+
+- the weight's panels, ``(N/16, K/2, 16, 2)`` bf16 (stored as uint16: TVM legalizes bf16 storage to it),
+  rounded to nearest even: computed from the weight alone, so ``LiftTransformParams`` lifts them into the
+  weight transform, held once per model version as the fp32 panels are;
+- the activation in bf16, converted once per request at the contraction's input;
+- the ``bf16_matmul`` product, each lane summing pairs of bf16 products into float32, which
+  :class:`compiler.tvm.schedules.integer.IntegerContraction` tensorizes into ``vdpbf16ps`` where the
+  target has it (elsewhere another rule schedules the same sums, in float32 on the FMA units).
+
+Whatever follows the matmul (bias, activation, residual) stays float32. The compile is asked for with
+:data:`PRECISION_ATTR` on the module (``compile_relax(..., precision="bf16")``).
+
+Runs in the compile child only (imports TVM).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te, tirx
+
+from .panels import _static, weight_vars
+
+PRECISION_ATTR = "jitserve_precision"
+"""The module attribute naming the reduced precision a compile may use (``"bf16"``); absent: fp32."""
+BF16_LANES = 16
+"""float32 outputs per panel: one AVX-512 vector, ``vdpbf16ps``'s width."""
+BF16_MATMUL = "bf16_matmul"
+"""The product block's name, which the schedule rule looks for."""
+
+
+def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """A float32 ``value``'s nearest bf16 (ties to even), as the uint16 of its bits; a NaN stays a NaN."""
+    bits = tirx.reinterpret("uint32", value)
+    sixteen = tirx.const(16, "uint32")
+    rounded = (bits + ((bits >> sixteen) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")) >> sixteen
+    is_nan = (bits & tirx.const(0x7FFFFFFF, "uint32")) > tirx.const(0x7F800000, "uint32")
+    quiet = (bits >> sixteen) | tirx.const(0x40, "uint32")
+    return tirx.Select(is_nan, quiet, rounded).astype("uint16")
+
+
+def _bf16_float(bits: tirx.PrimExpr) -> tirx.PrimExpr:
+    return tirx.reinterpret("float32", bits.astype("uint32") << tirx.const(16, "uint32"))
+
+
+def _weight_panels(weight: te.Tensor) -> te.Tensor:
+    depth, columns = (int(d) for d in weight.shape)
+    count = -(-columns // BF16_LANES)
+    return te.compute(
+        (count, depth // 2, BF16_LANES, 2),
+        lambda p, k, lane, within: tirx.if_then_else(
+            p * BF16_LANES + lane < columns,
+            bf16_bits(weight[k * 2 + within, tirx.min(p * BF16_LANES + lane, columns - 1)]),
+            tirx.const(0, "uint16"),
+        ),
+        name="bf16_panels",
+    )
+
+
+def _activation_bf16(x: te.Tensor) -> te.Tensor:
+    return te.compute(x.shape, lambda *i: bf16_bits(x[i]), name="bf16_activation")
+
+
+def _bf16_panel_matmul(x: te.Tensor, panels: te.Tensor, columns: int) -> te.Tensor:
+    *lead, rows, _ = (int(d) for d in x.shape)
+    count, steps, lanes, pair = (int(d) for d in panels.shape)
+    step = te.reduce_axis((0, steps), name="k_pair")
+    within = te.reduce_axis((0, pair), name="k_within")
+    product = te.compute(
+        (*lead, rows, count, lanes),
+        lambda *i: te.sum(
+            _bf16_float(x[(*i[:-2], step * pair + within)]) * _bf16_float(panels[i[-2], step, i[-1], within]),
+            axis=[step, within],
+        ),
+        name=BF16_MATMUL,
+    )
+    return te.compute((*lead, rows, columns), lambda *i: product[(*i[:-1], i[-1] // lanes, i[-1] % lanes)],
+                      name="columns")  # fmt: skip
+
+
+@relax.expr_functor.mutator
+class _Bf16Matmuls(relax.PyExprMutator):
+    def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
+        super().__init__(mod)
+        self.weights = weights
+        self.rewritten = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "float32":
+            return call
+        x, w = call.args
+        from_weights = isinstance(w, tvm.ir.GenericConst) or (isinstance(w, relax.Var) and w in self.weights)
+        data, shape = _static(x), _static(w)
+        if not from_weights or x.ty.dtype != "float32" or data is None or shape is None:
+            return call
+        if len(shape) != 2 or len(data) < 2 or shape[0] % 2:
+            return call
+        if isinstance(x, relax.Call):  # a nested call (a flattening reshape): call_te takes a bound value
+            x = self.builder_.emit(x)
+        emit = self.builder_.emit
+        panels = emit(self.builder_.call_te(_weight_panels, w, primfunc_name_hint="bf16_panels"))
+        activation = emit(self.builder_.call_te(_activation_bf16, x, primfunc_name_hint="bf16_activation"))
+        self.rewritten += 1
+        return self.builder_.call_te(_bf16_panel_matmul, activation, panels, shape[1], primfunc_name_hint=BF16_MATMUL)
+
+
+def wants_bf16(mod: tvm.ir.IRModule) -> bool:
+    """Whether the compile of ``mod`` may use bf16 (:data:`PRECISION_ATTR`)."""
+    return bool(mod.attrs) and PRECISION_ATTR in mod.attrs and str(mod.attrs[PRECISION_ATTR]) == "bf16"
+
+
+def bf16_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
+    """``mod`` with every float32 matmul by a weight (or constant) of even depth computed in bf16 with float32
+    sums (see the module's docstring), and how many it rewrote."""
+    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
+        return mod, 0
+    main = mod["main"]
+    mutator = _Bf16Matmuls(mod, weight_vars(main))
+    g_var = mod.get_global_var("main")
+    rewritten = mutator.visit_expr(main)
+    if not mutator.rewritten:
+        return mod, 0
+    mutator.builder_.update_func(g_var, rewritten)
+    return mutator.builder_.get(), mutator.rewritten

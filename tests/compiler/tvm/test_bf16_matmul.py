@@ -1,0 +1,114 @@
+"""bf16 matmuls (compiler/tvm/bf16_matmul.py): under a bf16 compile, a matmul by a weight reads bf16 panels
+packed once in the weight transform and a bf16 activation, and sums the products in float32, as numpy
+does with the same roundings; on a CPU with AVX512-BF16 the product is ``vdpbf16ps``, checked by the code
+compiled for one (this CPU runs the same sums on its FMA units)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+
+from compiler.running.engines import TvmEngine
+from compiler.tvm.bf16_matmul import PRECISION_ATTR, bf16_matmuls
+from compiler.tvm.build import compile_relax, import_relax
+from compiler.tvm.pipeline import tuned_module_stages
+
+HOST = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+
+
+def _linear(rows: int, depth: int, columns: int) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """``y = relu(x @ W + b)``, the weight and bias as inputs after ``x``: parameters, as a compile's weights
+    are (``compiler/tvm/prepare.py`` takes them out of the graph)."""
+    rng = np.random.default_rng(11)
+    weight = rng.standard_normal((depth, columns)).astype(np.float32)
+    bias = rng.standard_normal(columns).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
+         helper.make_node("Relu", ["z"], ["y"])],
+        "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, depth]),
+                   helper.make_tensor_value_info("w", TensorProto.FLOAT, [depth, columns]),
+                   helper.make_tensor_value_info("b", TensorProto.FLOAT, [columns])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, columns])],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), weight, bias
+
+
+def _imported(model: onnx.ModelProto, rows: int, depth: int) -> tvm.IRModule:
+    return import_relax(model, {"x": (rows, depth)}, {"x": "float32"})
+
+
+def bf16_rounded(values: np.ndarray) -> np.ndarray:
+    """float32 ``values`` rounded to bf16 (nearest, ties to even), as float32."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + ((bits >> 16) & 1) + 0x7FFF) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_bf16_rounding_is_to_nearest_even():
+    ties = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-9, -(1 + 2**-8)], np.float32)
+    assert bf16_rounded(ties).tolist() == [1.0, 1 + 2**-6, 1.0, -1.0]
+
+
+def test_a_bf16_compile_computes_with_bf16_operands_and_float32_sums(tmp_path):
+    rows, depth, columns = 5, 38, 40  # columns past one 16-lane panel, not a whole number of them
+    model, weight, bias = _linear(rows, depth, columns)
+    executable = compile_relax(_imported(model, rows, depth), HOST, precision="bf16")
+    executable.export_library(str(tmp_path / "linear.so"))
+    # As the server runs it: the weight transform (the bf16 panels) once, then main.
+    engine = TvmEngine(tmp_path / "linear.so", ["x"], ["y"], weights=[tvm.runtime.tensor(a) for a in (weight, bias)])
+    x = np.random.default_rng(12).standard_normal((rows, depth)).astype(np.float32)
+    x[0, :2] = [np.float32(1 + 2**-8), np.float32(1 + 3 * 2**-8)]  # ties, rounded to even
+    got = engine.run({"x": x})["y"]
+    products = bf16_rounded(x).astype(np.float64) @ bf16_rounded(weight).astype(np.float64)
+    want = np.maximum(products + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    exact = np.maximum(x.astype(np.float64) @ weight + bias, 0)
+    assert np.abs(got - exact).max() > 1e-3  # bf16 operands, not float32 ones
+
+
+def test_only_a_bf16_compile_rewrites_and_the_panels_are_weight_work():
+    model, *_ = _linear(4, 32, 16)
+    mod = _imported(model, 4, 32)
+    assert bf16_matmuls(mod)[1] == 1
+    odd, *_ = _linear(4, 33, 16)  # bf16 pairs of k
+    assert bf16_matmuls(_imported(odd, 4, 33))[1] == 0
+    target = tvm.target.Target(HOST)
+    for precision, panels_lifted in (("fp32", False), ("bf16", True)):
+        staged = mod.with_attr(PRECISION_ATTR, precision)
+        with target:
+            for name, passes in tuned_module_stages(target):
+                staged = tvm.transform.Sequential(passes)(staged)
+                if name == "layout":
+                    break
+        transforms = [f for gv, f in staged.functions_items() if gv.name_hint.startswith("main_transform_params")]
+        assert any("bf16_panels" in f.script() for f in transforms) == panels_lifted, precision
+
+
+@pytest.mark.parametrize("mcpu", ["cooperlake", "sapphirerapids"])
+def test_the_bf16_product_is_vdpbf16ps_where_the_cpu_has_avx512_bf16(mcpu):
+    from compiler.tvm.schedules import IntegerContraction
+
+    model, *_ = _linear(8, 64, 32)
+    target = tvm.target.Target({**HOST, "mcpu": mcpu})
+    mod = _imported(model, 8, 64).with_attr(PRECISION_ATTR, "bf16")
+    with target:
+        for _, passes in tuned_module_stages(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+    kernels = [f for gv, f in mod.functions_items() if "bf16_matmul" in gv.name_hint]
+    assert len(kernels) == 1
+    sch = IntegerContraction().apply(kernels[0], target, False)
+    assert sch is not None
+    unit = sch.mod["main"].body.block.annotations["jitserve_unit"]
+    assert str(unit) == "bf16 on avx512-bf16 (vdpbf16ps)"
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+    assert "vdpbf16ps" in lib.inspect_source("asm").replace(",", " ").split()
+
+
+def test_a_bf16_compile_is_an_artifact_of_its_own():
+    from compiler.building.options import CompileOptions
+
+    fp32, bf16 = CompileOptions(), CompileOptions(precision="bf16")
+    assert "precision" not in fp32.key_options() and bf16.key_options()["precision"] == "bf16"
