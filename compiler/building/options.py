@@ -108,7 +108,7 @@ class CompileOptions(BaseModel):
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
-        description="bf16: matmuls by weights with bf16 operands and float32 sums (compiler/tvm/bf16_matmul.py); "
+        description="bf16: matmuls by weights with bf16 operands and float32 sums (compiler/tvm/bf16.py); "
         "verified within the budget",
     )
 

@@ -30,7 +30,7 @@ from ..running.engines import OrtEngine, TvmEngine
 from ..running.precision import AccuracyBudget, compare_within_budget
 from ..shapes.buckets import dim_step, is_symbolic
 from . import COMPILER_VERSION
-from .bf16_matmul import PRECISION_ATTR
+from .bf16 import PRECISION_ATTR
 from .explain import StageRecorder, write_bundle
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
@@ -109,7 +109,7 @@ def compile_relax(
     """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest;
     ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with; ``snapshot``: called
     with each stage's name and module (an explain bundle's record); ``precision``: ``"bf16"`` computes the
-    matmuls by weights in bf16 (:mod:`compiler.tvm.bf16_matmul`)."""
+    matmuls by weights in bf16 (:mod:`compiler.tvm.bf16`)."""
     target = tvm.target.Target(target_dict)
     if precision == "bf16":
         mod = mod.with_attr(PRECISION_ATTR, "bf16")

@@ -148,7 +148,10 @@ def dequantize_as_elementwise(call: relax.Call) -> relax.Expr:
     return relax.op.multiply(difference, relax.op.astype(scale, "float32"))
 
 
-def _integer_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation) -> te.Tensor:
+def blocked_conv_product(data: te.Tensor, panels: te.Tensor, strides, padding, dilation, *, widen, name: str):
+    """The conv of a channel-blocked map (``N, C/b, H, W, b``) by panels ``(O/b, I/b, KH, KW, b/2, b, 2)``,
+    each pair of input channels' products summed in the type ``widen`` takes both operands to: int32 for
+    the integer conv, float32 for a bf16 one (:mod:`compiler.tvm.bf16`)."""
     batch, _, height, width, block = (int(d) for d in data.shape)
     out_blocks, in_blocks, kernel_h, kernel_w, pairs, _, pair = (int(d) for d in panels.shape)
     top, left, bottom, right = padding
@@ -164,18 +167,41 @@ def _integer_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation
     return te.compute(
         (batch, out_blocks, out_h, out_w, block),
         lambda n, o, y, x, c: te.sum(
-            data[
-                n,
-                in_block,
-                y * strides[0] + row * dilation[0],
-                x * strides[1] + column * dilation[1],
-                step * pair + within,
-            ].astype("int32")
-            * panels[o, in_block, row, column, step, c, within].astype("int32"),
+            widen(data[n, in_block, y * strides[0] + row * dilation[0], x * strides[1] + column * dilation[1],
+                       step * pair + within])
+            * widen(panels[o, in_block, row, column, step, c, within]),
             axis=[in_block, row, column, step, within],
         ),
-        name=INTEGER_CONV,
+        name=name,
+    )  # fmt: skip
+
+
+def _integer_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation) -> te.Tensor:
+    return blocked_conv_product(
+        data, panels, strides, padding, dilation, widen=lambda v: v.astype("int32"), name=INTEGER_CONV
     )
+
+
+def blocked_conv_weight(value: relax.Expr, lookup) -> relax.Expr:
+    """The OIHW weight a blocked conv's kernel argument was transformed from (ConvertLayout's
+    ``layout_transform``), through the bindings ``lookup`` finds; the argument itself where it is none."""
+    bound = lookup(value) if isinstance(value, relax.Var) else value
+    if _op_name(bound) == "relax.layout_transform" and bound.args:
+        inner = bound.args[0]
+        return inner if not isinstance(inner, relax.Var) or lookup(inner) is None else lookup(inner)
+    return value
+
+
+def blocked_conv_geometry(call: relax.Call) -> tuple[int, list[list[int]]] | None:
+    """(the channel block, [strides, padding, dilation]) of a one-group conv from a blocked map into a
+    blocked map (NCHW{b}c); None for any other conv."""
+    attrs = call.attrs
+    data = _static(call.args[0])
+    if data is None or len(data) != 5 or attrs.groups != 1:
+        return None
+    if attrs.data_layout != attrs.out_layout or not str(attrs.data_layout).startswith("NCHW"):
+        return None
+    return data[4], [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
 
 
 def pack_conv_panels(exact: np.ndarray, block: int) -> np.ndarray:
@@ -192,11 +218,8 @@ class _IntegerConvs(relax.PyExprMutator):
         self.rewritten = 0
 
     def _oihw_weight(self, expr: relax.Expr) -> np.ndarray | None:
-        """The OIHW constant ``expr`` is (or ConvertLayout's transform of)."""
-        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-        if _op_name(value) == "relax.layout_transform" and str(value.attrs.index_map) and value.args:
-            inner = self.lookup_binding(value.args[0]) if isinstance(value.args[0], relax.Var) else value.args[0]
-            value = inner
+        """The OIHW int16 constant ``expr`` is (or ConvertLayout's transform of)."""
+        value = blocked_conv_weight(expr, self.lookup_binding)
         if isinstance(value, tvm.ir.GenericConst) and value.ty.dtype == "int16" and len(_static(value) or []) == 4:
             return value.value.numpy()
         return None
@@ -205,19 +228,13 @@ class _IntegerConvs(relax.PyExprMutator):
         call = super().visit_call_(call)
         if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "int32" or call.args[0].ty.dtype != "int16":
             return call
-        attrs = call.attrs
-        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-        data = _static(call.args[0])
-        if data is None or len(data) != 5 or layouts[0] != layouts[2] or not layouts[0].startswith("NCHW"):
+        geometry = blocked_conv_geometry(call)
+        exact = None if geometry is None else self._oihw_weight(call.args[1])
+        if exact is None or geometry[0] % 8 or exact.shape[0] % geometry[0] or exact.shape[1] % geometry[0]:
             return call
-        block = data[4]
-        exact = self._oihw_weight(call.args[1])
-        if exact is None or block % 8 or exact.shape[0] % block or exact.shape[1] % block or attrs.groups != 1:
-            return call
-        panels = relax.const(pack_conv_panels(exact, block))
-        ints = [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
+        panels = relax.const(pack_conv_panels(exact, geometry[0]))
         self.rewritten += 1
-        return self.builder_.call_te(_integer_conv, call.args[0], panels, *ints, primfunc_name_hint=INTEGER_CONV)
+        return self.builder_.call_te(_integer_conv, call.args[0], panels, *geometry[1], primfunc_name_hint=INTEGER_CONV)
 
 
 def integer_convs(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:

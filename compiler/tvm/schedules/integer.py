@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ..bf16_matmul import BF16_LANES, BF16_MATMUL
+from ..bf16 import BF16_CONV, BF16_LANES, BF16_MATMUL
 from ..integer_conv import INTEGER_CONV
 from ..integer_matmul import INTEGER_MATMUL
 from ..intrinsics import best_dot_intrinsic, registered
@@ -88,7 +88,7 @@ def _finish(sch, target, product, reduction, intrin, *, stages, tensorized, unro
 
 class IntegerContraction(SafeRule):
     """A function whose one reduction is an ``integer_matmul`` product on a CPU with AVX2, or a
-    ``bf16_matmul`` one (:mod:`compiler.tvm.bf16_matmul`, 16-lane panels) on one with AVX512-BF16."""
+    ``bf16_matmul`` one (:mod:`compiler.tvm.bf16`, 16-lane panels) on one with AVX512-BF16."""
 
     def _schedule(self, func, target):
         sch = s_tir.Schedule(func)
@@ -142,14 +142,14 @@ def _conv_tile(width: int, blocks: int, vectors: int) -> tuple[int, int]:
 
 
 class IntegerConvContraction(SafeRule):
-    """A function whose one reduction is an ``integer_conv`` product on a CPU with AVX2."""
+    """A function whose one reduction is an ``integer_conv`` product on a CPU with AVX2, or a ``bf16_conv``
+    one (:mod:`compiler.tvm.bf16`) on one with AVX512-BF16."""
 
     def _schedule(self, func, target):
         sch = s_tir.Schedule(func)
         # AVX-512's 16-channel blocks take 16-lane products where the unit has them (vpdpwssd on zmm).
-        found = _integer_product(
-            sch, target, INTEGER_CONV, lambda loops: (8, 16)[: 2 if _extent(sch, loops[4]) % 16 == 0 else 1]
-        )
+        widths = lambda loops: (8, 16)[: 2 if _extent(sch, loops[4]) % 16 == 0 else 1]  # noqa: E731
+        found = _integer_product(sch, target, INTEGER_CONV, widths) or _integer_product(sch, target, BF16_CONV, widths)
         if found is None:
             return None
         product, intrin, stages = found

@@ -1,4 +1,4 @@
-"""bf16 matmuls (compiler/tvm/bf16_matmul.py): under a bf16 compile, a matmul by a weight reads bf16 panels
+"""bf16 matmuls (compiler/tvm/bf16.py): under a bf16 compile, a matmul by a weight reads bf16 panels
 packed once in the weight transform and a bf16 activation, and sums the products in float32, as numpy
 does with the same roundings; on a CPU with AVX512-BF16 the product is ``vdpbf16ps``, checked by the code
 compiled for one (this CPU runs the same sums on its FMA units)."""
@@ -12,7 +12,7 @@ import tvm
 from onnx import TensorProto, helper
 
 from compiler.running.engines import TvmEngine
-from compiler.tvm.bf16_matmul import PRECISION_ATTR, bf16_matmuls
+from compiler.tvm.bf16 import PRECISION_ATTR, bf16_matmuls
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.pipeline import tuned_module_stages
 
@@ -112,3 +112,60 @@ def test_a_bf16_compile_is_an_artifact_of_its_own():
 
     fp32, bf16 = CompileOptions(), CompileOptions(precision="bf16")
     assert "precision" not in fp32.key_options() and bf16.key_options()["precision"] == "bf16"
+
+
+def _conv(shape, out_channels: int) -> onnx.ModelProto:
+    """``y = relu(conv3x3(x, W, b))``, padded by 1, the weight and bias as parameters."""
+    channels = shape[1]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["z"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["z"], ["y"])],
+        "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+                 helper.make_tensor_value_info("w", TensorProto.FLOAT, [out_channels, channels, 3, 3]),
+                 helper.make_tensor_value_info("b", TensorProto.FLOAT, [out_channels])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_bf16_compile_computes_a_blocked_conv_with_bf16_operands(tmp_path):
+    shape, out_channels = (1, 16, 9, 10), 16
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(shape).astype(np.float32)
+    weight = rng.standard_normal((out_channels, shape[1], 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(out_channels).astype(np.float32)
+    observed: dict = {}
+    mod = import_relax(_conv(shape, out_channels), {"x": shape}, {"x": "float32"})
+    executable = compile_relax(mod, HOST, observed=observed, precision="bf16")
+    assert any(name.startswith("fused_bf16_conv") for name in observed["schedules"])
+    executable.export_library(str(tmp_path / "conv.so"))
+    engine = TvmEngine(tmp_path / "conv.so", ["x"], ["y"], weights=[tvm.runtime.tensor(a) for a in (weight, bias)])
+    got = engine.run({"x": x})["y"]
+
+    def conv(data: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+        padded = np.pad(data.astype(np.float64), [(0, 0), (0, 0), (1, 1), (1, 1)])
+        sums = sum(np.einsum("nchw,oc->nohw", padded[:, :, i : i + 9, j : j + 10], kernel[:, :, i, j])
+                   for i in range(3) for j in range(3))  # fmt: skip
+        return np.maximum(sums + bias[None, :, None, None], 0)
+
+    np.testing.assert_allclose(got, conv(bf16_rounded(x), bf16_rounded(weight)), rtol=1e-5, atol=1e-4)
+    assert np.abs(got - conv(x, weight)).max() > 1e-3  # bf16 operands, not float32 ones
+
+
+def test_the_bf16_conv_is_vdpbf16ps_on_avx512_blocks():
+    from compiler.tvm.schedules import IntegerConvContraction
+
+    target = tvm.target.Target({**HOST, "mcpu": "cooperlake"})
+    mod = import_relax(_conv((1, 32, 7, 7), 32), {"x": (1, 32, 7, 7)}, {"x": "float32"}).with_attr(
+        PRECISION_ATTR, "bf16"
+    )
+    with target:
+        for _, passes in tuned_module_stages(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+    kernels = [f for gv, f in mod.functions_items() if "bf16_conv" in gv.name_hint and "panels" not in gv.name_hint]
+    assert len(kernels) == 1
+    sch = IntegerConvContraction().apply(kernels[0], target, False)
+    assert sch is not None
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
+    products = [line.split() for line in lib.inspect_source("asm").splitlines() if line.split()[:1] == ["vdpbf16ps"]]
+    assert products and all("%zmm" in " ".join(words) for words in products)

@@ -1,5 +1,6 @@
-"""bf16 matmuls: a float32 matmul by a weight computed with bf16 operands and float32 sums, on AVX512-BF16's
-``vdpbf16ps`` (:mod:`compiler.tvm.intrinsics`), for a model whose precision contract allows ``bf16``.
+"""bf16 kernels: a float32 matmul or channel-blocked conv by a weight computed with bf16 operands and
+float32 sums, on AVX512-BF16's ``vdpbf16ps`` (:mod:`compiler.tvm.intrinsics`), for a model whose precision
+contract allows ``bf16``.
 
 ``x @ W`` (``W`` a weight or a constant, ``K x N``, ``K`` even) becomes three functions:
 
@@ -11,7 +12,12 @@
   :class:`compiler.tvm.schedules.integer.IntegerContraction` tensorizes into ``vdpbf16ps`` where the
   target has it (elsewhere another rule schedules the same sums, in float32 on the FMA units).
 
-Whatever follows the matmul (bias, activation, residual) stays float32. The compile is asked for with
+A conv blocked by the layout stage (NCHW{b}c, one group, whole blocks of channels: :func:`bf16_convs`)
+is computed the same way on the integer conv's product (:func:`compiler.tvm.integer_conv.blocked_conv_product`):
+its weight in ``(O/b, I/b, KH, KW, b/2, b, 2)`` bf16 panels, its map converted where it enters, and
+:class:`compiler.tvm.schedules.integer.IntegerConvContraction` tensorizes it where ``b`` is 16 (AVX-512).
+
+Whatever follows the product (bias, activation, residual) stays float32. The compile is asked for with
 :data:`PRECISION_ATTR` on the module (``compile_relax(..., precision="bf16")``).
 
 Runs in the compile child only (imports TVM).
@@ -22,6 +28,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, te, tirx
 
+from .integer_conv import blocked_conv_geometry, blocked_conv_product, blocked_conv_weight
 from .panels import _static, weight_vars
 
 PRECISION_ATTR = "jitserve_precision"
@@ -30,6 +37,8 @@ BF16_LANES = 16
 """float32 outputs per panel: one AVX-512 vector, ``vdpbf16ps``'s width."""
 BF16_MATMUL = "bf16_matmul"
 """The product block's name, which the schedule rule looks for."""
+BF16_CONV = "bf16_conv"
+"""The conv product block's name."""
 
 
 def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -106,6 +115,63 @@ class _Bf16Matmuls(relax.PyExprMutator):
         activation = emit(self.builder_.call_te(_activation_bf16, x, primfunc_name_hint="bf16_activation"))
         self.rewritten += 1
         return self.builder_.call_te(_bf16_panel_matmul, activation, panels, shape[1], primfunc_name_hint=BF16_MATMUL)
+
+
+def _conv_panels(weight: te.Tensor, block: int) -> te.Tensor:
+    return te.compute(
+        (weight.shape[0] // block, weight.shape[1] // block, weight.shape[2], weight.shape[3], block // 2, block, 2),
+        lambda o, i, kh, kw, p, lane, within: bf16_bits(weight[o * block + lane, i * block + p * 2 + within, kh, kw]),
+        name="bf16_conv_panels",
+    )
+
+
+def _bf16_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation) -> te.Tensor:
+    return blocked_conv_product(data, panels, strides, padding, dilation, widen=_bf16_float, name=BF16_CONV)
+
+
+@relax.expr_functor.mutator
+class _Bf16Convs(relax.PyExprMutator):
+    def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
+        super().__init__(mod)
+        self.weights = weights
+        self.rewritten = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", "") != "relax.nn.conv2d" or call.ty.dtype != "float32":
+            return call
+        geometry = blocked_conv_geometry(call)
+        weight = blocked_conv_weight(call.args[1], self.lookup_binding)
+        shape = _static(weight)
+        from_weights = isinstance(weight, tvm.ir.GenericConst) or (
+            isinstance(weight, relax.Var) and weight in self.weights
+        )
+        if geometry is None or not from_weights or shape is None or len(shape) != 4 or weight.ty.dtype != "float32":
+            return call
+        block = geometry[0]
+        if block % 2 or shape[0] % block or shape[1] % block or call.args[0].ty.dtype != "float32":
+            return call
+        emit = self.builder_.emit
+        panels = emit(self.builder_.call_te(_conv_panels, weight, block, primfunc_name_hint="bf16_conv_panels"))
+        data = emit(self.builder_.call_te(_activation_bf16, call.args[0], primfunc_name_hint="bf16_activation"))
+        self.rewritten += 1
+        return self.builder_.call_te(_bf16_conv, data, panels, *geometry[1], primfunc_name_hint=BF16_CONV)
+
+
+def bf16_convs(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
+    """``mod`` (channel-blocked) with every blocked float32 conv by a weight computed in bf16 with float32 sums
+    (see the module's docstring), and how many it rewrote."""
+    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
+        return mod, 0
+    main = mod["main"]
+    mutator = _Bf16Convs(mod, weight_vars(main))
+    g_var = mod.get_global_var("main")
+    rewritten = mutator.visit_expr(main)
+    if not mutator.rewritten:
+        return mod, 0
+    # The weights' blocked transforms are left unused: dropped, not lifted into the weight transform.
+    mutator.builder_.update_func(g_var, relax.analysis.remove_all_unused(rewritten))
+    return mutator.builder_.get(), mutator.rewritten
 
 
 def wants_bf16(mod: tvm.ir.IRModule) -> bool:
