@@ -29,12 +29,15 @@ import numpy as np
 import tvm
 from tvm import relax, te, topi
 
+from ..models.quantized import byte_pairs_fit
 from .panels import _static
 
 INTEGER_CONV = "integer_conv"
 """The product block's name, which the schedule rule looks for."""
 PAIR = 2
-"""Input channels per int32 lane's product pair (``vpmaddwd``)."""
+"""Input channels per int32 lane's product pair (``vpmaddwd``, ``vpdpwssd``)."""
+BYTE_GROUP = 4
+"""Input channels per int32 lane's byte products (``vpmaddubsw`` then ``vpmaddwd``, or ``vpdpbusd``)."""
 
 
 def _op_name(expr) -> str:
@@ -43,13 +46,40 @@ def _op_name(expr) -> str:
 
 @relax.expr_functor.mutator
 class _QuantizedConvs(relax.PyExprMutator):
-    def __init__(self, mod: tvm.ir.IRModule, block: int) -> None:
+    def __init__(self, mod: tvm.ir.IRModule, block: int, exact_bytes: bool) -> None:
         super().__init__(mod)
         self.block = block
+        self.exact_bytes = exact_bytes
         self.rewritten = 0
 
     def _value(self, expr: relax.Expr) -> relax.Expr:
         return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+    def _in_bytes(self, exact: np.ndarray) -> bool:
+        """Whether the weight is multiplied in bytes, exactly: int8, and the target's byte products sum
+        into int32 (VNNI), or every pair of input channels keeps ``vpmaddubsw``'s bound (7-bit weights)."""
+        if exact.min(initial=0) < -128 or exact.max(initial=0) > 127:
+            return False
+        by_input = exact.transpose(1, 0, 2, 3).reshape(exact.shape[1], -1)  # pairs of input channels
+        return self.exact_bytes or byte_pairs_fit(by_input)
+
+    def _byte_sums(self, quantized: relax.Expr, zero: int, exact: np.ndarray, attrs) -> relax.Expr:
+        """The conv's int32 sums from the activation in bytes: ``u = q - zero + shift`` in uint8 (the shift
+        128 for int8), padded with ``shift`` (a real zero), and ``u x W - shift x sum(W)`` per output
+        channel. The padding is its own op: a conv pads with 0."""
+        shift = 128 if quantized.ty.dtype == "int8" else 0
+        unsigned = relax.op.astype(
+            relax.op.add(relax.op.astype(quantized, "int16"), relax.const(shift, "int16")), "uint8"
+        )
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        if top or left or bottom or right:
+            unsigned = relax.op.nn.pad(unsigned, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(shift + zero))
+        sums = self.builder_.emit(
+            relax.op.nn.conv2d(unsigned, relax.const(exact.astype(np.int8)), attrs.strides, [0, 0, 0, 0],
+                               attrs.dilation, 1, "NCHW", "OIHW", "NCHW", "int32")
+        )  # fmt: skip
+        taps = exact.astype(np.int32).sum(axis=(1, 2, 3)).reshape(1, -1, 1, 1)
+        return self.builder_.emit(relax.op.subtract(sums, relax.const((shift + zero) * taps, "int32")))
 
     def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
         value = self._value(expr)
@@ -83,21 +113,15 @@ class _QuantizedConvs(relax.PyExprMutator):
         elif zero.size != 1:
             return call
         exact = weight.args[0].value.numpy().astype(np.int16) - zero
-        data = relax.op.subtract(relax.op.astype(activation.args[0], "int16"), relax.op.astype(x_zero, "int16"))
-        sums = self.builder_.emit(
-            relax.op.nn.conv2d(
-                data,
-                relax.const(exact),
-                attrs.strides,
-                attrs.padding,
-                attrs.dilation,
-                1,
-                "NCHW",
-                "OIHW",
-                "NCHW",
-                "int32",
-            )
-        )
+        x_zero_value = self._value(x_zero)
+        if self._in_bytes(exact) and isinstance(x_zero_value, tvm.ir.GenericConst):
+            sums = self._byte_sums(activation.args[0], int(x_zero_value.value.numpy().reshape(())), exact, attrs)
+        else:
+            data = relax.op.subtract(relax.op.astype(activation.args[0], "int16"), relax.op.astype(x_zero, "int16"))
+            sums = self.builder_.emit(
+                relax.op.nn.conv2d(data, relax.const(exact), attrs.strides, attrs.padding, attrs.dilation, 1,
+                                   "NCHW", "OIHW", "NCHW", "int32")
+            )  # fmt: skip
         scale = self.builder_.emit(relax.op.multiply(x_scale, w_scale))
         if _static(w_scale):
             scale = self.builder_.emit(relax.op.reshape(scale, [1, -1, 1, 1]))
@@ -105,13 +129,13 @@ class _QuantizedConvs(relax.PyExprMutator):
         return self.builder_.normalize(relax.op.multiply(relax.op.astype(sums, "float32"), scale))
 
 
-def quantized_convs(mod: tvm.ir.IRModule, block: int) -> tuple[tvm.ir.IRModule, int]:
+def quantized_convs(mod: tvm.ir.IRModule, block: int, *, exact_bytes: bool = False) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every float conv of a dequantized int8 activation by a dequantized constant int8 weight
-    (channels in whole ``block`` s, one group) computed as an int16 conv with int32 sums (see the module's
-    docstring), and how many it rewrote."""
+    (channels in whole ``block`` s, one group) computed as an integer conv with int32 sums (see the module's
+    docstring), and how many it rewrote; ``exact_bytes``: the target sums bytes exactly (VNNI)."""
     if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
         return mod, 0
-    mutator = _QuantizedConvs(mod, block)
+    mutator = _QuantizedConvs(mod, block, exact_bytes)
     g_var = mod.get_global_var("main")
     rewritten = mutator.visit_expr(mod["main"])
     if not mutator.rewritten:
@@ -204,10 +228,13 @@ def blocked_conv_geometry(call: relax.Call) -> tuple[int, list[list[int]]] | Non
     return data[4], [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
 
 
-def pack_conv_panels(exact: np.ndarray, block: int) -> np.ndarray:
-    """An OIHW integer weight (O and I multiples of ``block``) as ``(O/b, I/b, KH, KW, b/2, b, 2)`` panels."""
+def pack_conv_panels(exact: np.ndarray, block: int, group: int = PAIR) -> np.ndarray:
+    """An OIHW integer weight (O and I multiples of ``block``) as ``(O/b, I/b, KH, KW, b/g, b, g)`` panels:
+    ``group`` (g) input channels innermost under each output channel."""
     out_channels, in_channels, kernel_h, kernel_w = exact.shape
-    blocked = exact.reshape(out_channels // block, block, in_channels // block, block // PAIR, PAIR, kernel_h, kernel_w)
+    blocked = exact.reshape(
+        out_channels // block, block, in_channels // block, block // group, group, kernel_h, kernel_w
+    )
     return np.ascontiguousarray(blocked.transpose(0, 2, 5, 6, 3, 1, 4))
 
 
@@ -217,22 +244,26 @@ class _IntegerConvs(relax.PyExprMutator):
         super().__init__(mod)
         self.rewritten = 0
 
-    def _oihw_weight(self, expr: relax.Expr) -> np.ndarray | None:
-        """The OIHW int16 constant ``expr`` is (or ConvertLayout's transform of)."""
+    def _oihw_weight(self, expr: relax.Expr, dtype: str) -> np.ndarray | None:
+        """The OIHW ``dtype`` constant ``expr`` is (or ConvertLayout's transform of)."""
         value = blocked_conv_weight(expr, self.lookup_binding)
-        if isinstance(value, tvm.ir.GenericConst) and value.ty.dtype == "int16" and len(_static(value) or []) == 4:
+        if isinstance(value, tvm.ir.GenericConst) and value.ty.dtype == dtype and len(_static(value) or []) == 4:
             return value.value.numpy()
         return None
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "int32" or call.args[0].ty.dtype != "int16":
+        if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "int32":
             return call
+        # int16 maps by int16 weights in pairs of channels; bytes by int8 weights in fours.
+        group = {"int16": (PAIR, "int16"), "uint8": (BYTE_GROUP, "int8")}.get(str(call.args[0].ty.dtype))
         geometry = blocked_conv_geometry(call)
-        exact = None if geometry is None else self._oihw_weight(call.args[1])
+        exact = None if geometry is None or group is None else self._oihw_weight(call.args[1], group[1])
         if exact is None or geometry[0] % 8 or exact.shape[0] % geometry[0] or exact.shape[1] % geometry[0]:
             return call
-        panels = relax.const(pack_conv_panels(exact, geometry[0]))
+        if any(geometry[1][1]) and group[0] != PAIR:  # the byte path pads with its zero ahead, not with 0
+            return call
+        panels = relax.const(pack_conv_panels(exact, geometry[0], group[0]))
         self.rewritten += 1
         return self.builder_.call_te(_integer_conv, call.args[0], panels, *geometry[1], primfunc_name_hint=INTEGER_CONV)
 

@@ -289,7 +289,7 @@ def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
     data = static_shape(call.args[0])
     weight = static_shape(call.args[1])
     dtypes = (call.args[0].ty.dtype, call.ty.dtype)
-    if data is None or weight is None or dtypes not in (("float32", "float32"), ("int16", "int32")):
+    if data is None or weight is None or dtypes not in (("float32", "float32"), ("int16", "int32"), ("uint8", "int32")):
         return None
     if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW"):
         return None
@@ -379,7 +379,8 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
             exact_bytes = bool(set(VNNI_UNITS) & set(target_units(target)))  # vpdpbusd sums bytes into int32
-            mod = quantized_convs(integer_matmuls(mod, exact_bytes=exact_bytes)[0], block)[0]
+            mod = integer_matmuls(mod, exact_bytes=exact_bytes)[0]
+            mod = quantized_convs(mod, block, exact_bytes=exact_bytes)[0]
         bf16 = wants_bf16(mod)
         mod = _rewritten(mod, _ALWAYS)
         in_bf16 = 0

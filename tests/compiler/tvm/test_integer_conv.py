@@ -44,12 +44,14 @@ def _qdq_conv(shape, weight, w_scale, bias, x_zero, *, stride: int, pad: int) ->
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _operands(shape, out_channels: int, kernel: int, activation: str):
+def _operands(shape, out_channels: int, kernel: int, activation: str, bits: int = 8):
+    """8-bit weights over int8's range; 7-bit ones (-64..64: every pair of channels keeps vpmaddubsw's bound)."""
     rng = np.random.default_rng(5)
     x = rng.normal(0, 3, shape).astype(np.float32)
     x[0, :, 0, 0], x[0, :, 0, 1] = 1e3, -1e3  # clipped to the type's ends
-    weight = rng.integers(-128, 128, (out_channels, shape[1], kernel, kernel)).astype(np.int8)
-    weight[0] = -128  # with the activation's extremes: the largest sums of products
+    low, high = (-128, 127) if bits == 8 else (-64, 64)
+    weight = rng.integers(low, high + 1, (out_channels, shape[1], kernel, kernel)).astype(np.int8)
+    weight[0] = low  # with the activation's extremes: the largest sums of products
     w_scale = rng.uniform(0.001, 0.01, out_channels).astype(np.float32)
     bias = rng.normal(0, 1, out_channels).astype(np.float32)
     x_zero = np.array(7 if activation == "int8" else 131, activation)
@@ -72,19 +74,24 @@ def _reference(x, weight, w_scale, bias, x_zero, *, stride: int, pad: int) -> np
     return sums * scale[None, :, None, None] + bias[None, :, None, None]
 
 
-@pytest.mark.parametrize(("activation", "shape", "stride", "pad"), [
-    ("int8", (1, 16, 9, 10), 1, 1),
-    ("uint8", (2, 8, 11, 11), 2, 1),
-    ("int8", (1, 16, 7, 7), 1, 0),
+# 8-bit weights in int16 pairs (vpmaddwd); 7-bit ones in bytes (vpmaddubsw), the activation shifted to
+# uint8 and padded with its zero point, which the taps' sums take back out.
+@pytest.mark.parametrize(("activation", "shape", "stride", "pad", "bits"), [
+    ("int8", (1, 16, 9, 10), 1, 1, 8),
+    ("uint8", (2, 8, 11, 11), 2, 1, 8),
+    ("int8", (1, 16, 7, 7), 1, 0, 8),
+    ("int8", (1, 16, 9, 10), 1, 1, 7),
+    ("uint8", (2, 8, 11, 11), 2, 1, 7),
 ])  # fmt: skip
-def test_a_qdq_conv_sums_exactly_in_integers(activation, shape, stride, pad):
+def test_a_qdq_conv_sums_exactly_in_integers(activation, shape, stride, pad, bits):
     kernel = 3 if pad else 1
-    x, weight, w_scale, bias, x_zero = _operands(shape, 16, kernel, activation)
+    x, weight, w_scale, bias, x_zero = _operands(shape, 16, kernel, activation, bits)
     model = _qdq_conv(shape, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
     observed: dict = {}
     executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET, observed=observed)
     assert "IntegerConvContraction" in observed["schedules"].values()
-    assert set(observed["units"].values()) == {"int8 on avx2 (vpmaddwd)"}
+    instruction = "vpmaddwd" if bits == 8 else "vpmaddubsw"
+    assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}
     got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = _reference(x, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -107,12 +114,13 @@ def test_conv_panels_hold_pairs_of_input_channels_under_each_output_channel():
     assert panels[out_block, in_block, row, column, pair, lane, within] == exact[8 + 5, 7, 1, 2]
 
 
+# 8-bit weights: int16 pairs on AVX2, bytes on VNNI (vpdpbusd sums them into int32 exactly).
 @pytest.mark.parametrize(("mcpu", "instruction", "register"), [
     ("haswell", "vpmaddwd", "%ymm"),
-    ("alderlake", "vpdpwssd", "%ymm"),  # AVX-VNNI: the product and its sum in one instruction
-    ("cascadelake", "vpdpwssd", "%zmm"),  # AVX512-VNNI on AVX-512's 16-channel blocks
+    ("alderlake", "vpdpbusd", "%ymm"),  # AVX-VNNI
+    ("cascadelake", "vpdpbusd", "%zmm"),  # AVX512-VNNI on AVX-512's 16-channel blocks
 ])  # fmt: skip
-def test_the_integer_conv_runs_on_the_targets_int16_unit(mcpu, instruction, register):
+def test_the_integer_conv_runs_on_the_targets_int8_unit(mcpu, instruction, register):
     """Checked by the code compiled for each CPU (run above where this one is one)."""
     from compiler.tvm.pipeline import tuned_module_stages
     from compiler.tvm.schedules import IntegerConvContraction
