@@ -41,8 +41,8 @@ DYNAMIC_TIER = "tvm-dynamic"
 
 def integer_refusal(served: ServedModel) -> str | None:
     """Why a quantized model's buckets get no TVM compile; None where they do (or it is not quantized): its
-    integer ops all kept in integers (``compiler.tvm.integer_matmul``), on a CPU with an int8 unit, and a
-    contract that allows int8, whose budget judges the kernels. Not fp32's tolerances: a quantization
+    integer ops kept in integers (``compiler.tvm.integer_matmul``, ``integer_conv``), on a CPU with an int8
+    unit, and a contract that allows int8, whose budget judges the kernels. Not fp32's tolerances: a quantization
     turns the last bits of float reassociation into whole steps (a dynamically quantized 12-layer encoder
     with 7-bit weights, exact in both engines' integer products, ended 0.08 off ONNX Runtime), and ONNX
     Runtime's AVX2 kernels saturate the sums of some 8-bit weights' pairs where these are exact."""
