@@ -48,7 +48,7 @@ def main() -> int:
     parser.add_argument("--store", type=Path, help="the store to tune into (default: a fresh temporary one)")
     args = parser.parse_args()
 
-    file, shapes = MODELS[args.model]
+    file, shapes, *_ = MODELS[args.model]
     bucket = shapes[args.bucket]
     store = args.store or Path(tempfile.mkdtemp(prefix="tuning-curve-"))
     print(f"{cpu_name()}; {args.model} {bucket}; store {store}", file=sys.stderr)

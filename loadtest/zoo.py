@@ -71,6 +71,44 @@ def zoo_path(name: str) -> Path:
     return ZOO / f"{name}.onnx"
 
 
+# Quantized variants: name -> (the zoo model it quantizes, how). Made by ONNX Runtime's own quantizer in the
+# main environment (``quantized``; the zoo's torch environment has no onnxruntime), as users make theirs:
+# ResNet-50 statically in QDQ form (per-channel int8 weights, int8 activations, calibrated on 4 random
+# images), BERT-base dynamically (int8 weights, uint8 activations quantized per request).
+QUANTIZED: dict[str, tuple[str, str]] = {
+    "resnet50_int8_qdq": ("resnet50", "static"),
+    "bert_base_int8_dynamic": ("bert_base", "dynamic"),
+}
+
+
+def quantized(name: str) -> Path:
+    """The quantized zoo model ``name`` (:data:`QUANTIZED`), made from its fp32 export once, atomically."""
+    path = zoo_path(name)
+    if path.is_file():
+        return path
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+
+    source, how = QUANTIZED[name]
+    partial = path.with_suffix(".part.onnx")
+    if how == "dynamic":
+        quantize_dynamic(str(zoo_path(source)), str(partial))
+    else:
+        shape = ARCHITECTURES[source][2]
+
+        class Images(CalibrationDataReader):
+            def __init__(self) -> None:
+                rng = np.random.default_rng(0)
+                self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+
+            def get_next(self) -> dict | None:
+                return next(self.batches, None)
+
+        quantize_static(str(zoo_path(source)), str(partial), Images(), quant_format=QuantFormat.QDQ, per_channel=True)
+    partial.replace(path)
+    return path
+
+
 def export(name: str) -> Path:
     """Exports ``name`` into the cache, atomically."""
     path = zoo_path(name)

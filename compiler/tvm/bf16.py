@@ -29,6 +29,8 @@ import tvm
 from tvm import relax, te, tirx
 
 from .integer_conv import blocked_conv_geometry, blocked_conv_product, blocked_conv_weight
+from .integer_matmul import panel_product
+from .main_rewrite import rewrite_main
 from .panels import _static, weight_vars
 
 PRECISION_ATTR = "jitserve_precision"
@@ -75,36 +77,33 @@ def _activation_bf16(x: te.Tensor) -> te.Tensor:
 
 def _bf16_panel_matmul(x: te.Tensor, panels: te.Tensor, columns: int) -> te.Tensor:
     *lead, rows, _ = (int(d) for d in x.shape)
-    count, steps, lanes, pair = (int(d) for d in panels.shape)
-    step = te.reduce_axis((0, steps), name="k_pair")
-    within = te.reduce_axis((0, pair), name="k_within")
-    product = te.compute(
-        (*lead, rows, count, lanes),
-        lambda *i: te.sum(
-            _bf16_float(x[(*i[:-2], step * pair + within)]) * _bf16_float(panels[i[-2], step, i[-1], within]),
-            axis=[step, within],
-        ),
-        name=BF16_MATMUL,
-    )
+    lanes = int(panels.shape[2])
+    product = panel_product(x, panels, widen=_bf16_float, name=BF16_MATMUL)
     return te.compute((*lead, rows, columns), lambda *i: product[(*i[:-1], i[-1] // lanes, i[-1] % lanes)],
                       name="columns")  # fmt: skip
 
 
-@relax.expr_functor.mutator
-class _Bf16Matmuls(relax.PyExprMutator):
+class _FromWeights(relax.PyExprMutator):
+    """A rewrite of products by the function's weights (or constants): what it rewrote, counted."""
+
     def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
         super().__init__(mod)
         self.weights = weights
         self.rewritten = 0
 
+    def from_weights(self, expr: relax.Expr) -> bool:
+        return isinstance(expr, tvm.ir.GenericConst) or (isinstance(expr, relax.Var) and expr in self.weights)
+
+
+@relax.expr_functor.mutator
+class _Bf16Matmuls(_FromWeights):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "float32":
             return call
         x, w = call.args
-        from_weights = isinstance(w, tvm.ir.GenericConst) or (isinstance(w, relax.Var) and w in self.weights)
         data, shape = _static(x), _static(w)
-        if not from_weights or x.ty.dtype != "float32" or data is None or shape is None:
+        if not self.from_weights(w) or x.ty.dtype != "float32" or data is None or shape is None:
             return call
         if len(shape) != 2 or len(data) < 2 or shape[0] % 2:
             return call
@@ -130,12 +129,7 @@ def _bf16_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation) -
 
 
 @relax.expr_functor.mutator
-class _Bf16Convs(relax.PyExprMutator):
-    def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
-        super().__init__(mod)
-        self.weights = weights
-        self.rewritten = 0
-
+class _Bf16Convs(_FromWeights):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if getattr(call.op, "name", "") != "relax.nn.conv2d" or call.ty.dtype != "float32":
@@ -143,10 +137,13 @@ class _Bf16Convs(relax.PyExprMutator):
         geometry = blocked_conv_geometry(call)
         weight = blocked_conv_weight(call.args[1], self.lookup_binding)
         shape = _static(weight)
-        from_weights = isinstance(weight, tvm.ir.GenericConst) or (
-            isinstance(weight, relax.Var) and weight in self.weights
-        )
-        if geometry is None or not from_weights or shape is None or len(shape) != 4 or weight.ty.dtype != "float32":
+        if (
+            geometry is None
+            or not self.from_weights(weight)
+            or shape is None
+            or len(shape) != 4
+            or weight.ty.dtype != "float32"
+        ):
             return call
         block = geometry[0]
         if block % 2 or shape[0] % block or shape[1] % block or call.args[0].ty.dtype != "float32":
@@ -161,17 +158,7 @@ class _Bf16Convs(relax.PyExprMutator):
 def bf16_convs(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` (channel-blocked) with every blocked float32 conv by a weight computed in bf16 with float32 sums
     (see the module's docstring), and how many it rewrote."""
-    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
-        return mod, 0
-    main = mod["main"]
-    mutator = _Bf16Convs(mod, weight_vars(main))
-    g_var = mod.get_global_var("main")
-    rewritten = mutator.visit_expr(main)
-    if not mutator.rewritten:
-        return mod, 0
-    # The weights' blocked transforms are left unused: dropped, not lifted into the weight transform.
-    mutator.builder_.update_func(g_var, relax.analysis.remove_all_unused(rewritten))
-    return mutator.builder_.get(), mutator.rewritten
+    return rewrite_main(mod, lambda main: _Bf16Convs(mod, weight_vars(main)), drop_unused=True)
 
 
 def wants_bf16(mod: tvm.ir.IRModule) -> bool:
@@ -182,13 +169,4 @@ def wants_bf16(mod: tvm.ir.IRModule) -> bool:
 def bf16_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every float32 matmul by a weight (or constant) of even depth computed in bf16 with float32
     sums (see the module's docstring), and how many it rewrote."""
-    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
-        return mod, 0
-    main = mod["main"]
-    mutator = _Bf16Matmuls(mod, weight_vars(main))
-    g_var = mod.get_global_var("main")
-    rewritten = mutator.visit_expr(main)
-    if not mutator.rewritten:
-        return mod, 0
-    mutator.builder_.update_func(g_var, rewritten)
-    return mutator.builder_.get(), mutator.rewritten
+    return rewrite_main(mod, lambda main: _Bf16Matmuls(mod, weight_vars(main)))

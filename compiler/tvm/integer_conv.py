@@ -30,6 +30,7 @@ import tvm
 from tvm import relax, te, topi
 
 from ..models.quantized import byte_pairs_fit
+from .main_rewrite import rewrite_main
 from .panels import _static
 
 INTEGER_CONV = "integer_conv"
@@ -133,15 +134,7 @@ def quantized_convs(mod: tvm.ir.IRModule, block: int, *, exact_bytes: bool = Fal
     """``mod`` with every float conv of a dequantized int8 activation by a dequantized constant int8 weight
     (channels in whole ``block`` s, one group) computed as an integer conv with int32 sums (see the module's
     docstring), and how many it rewrote; ``exact_bytes``: the target sums bytes exactly (VNNI)."""
-    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
-        return mod, 0
-    mutator = _QuantizedConvs(mod, block, exact_bytes)
-    g_var = mod.get_global_var("main")
-    rewritten = mutator.visit_expr(mod["main"])
-    if not mutator.rewritten:
-        return mod, 0
-    mutator.builder_.update_func(g_var, rewritten)
-    return mutator.builder_.get(), mutator.rewritten
+    return rewrite_main(mod, lambda _main: _QuantizedConvs(mod, block, exact_bytes))
 
 
 def _per_tensor(call: relax.Call) -> bool:
@@ -269,15 +262,6 @@ class _IntegerConvs(relax.PyExprMutator):
 
 
 def integer_convs(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
-    """``mod`` with every channel-blocked int16 conv by a constant weight (step 1's) computed on packed
+    """``mod`` with every channel-blocked integer conv by a constant weight (step 1's) computed on packed
     panels by the ``integer_conv`` product, and how many it rewrote."""
-    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
-        return mod, 0
-    mutator = _IntegerConvs(mod)
-    g_var = mod.get_global_var("main")
-    rewritten = mutator.visit_expr(mod["main"])
-    if not mutator.rewritten:
-        return mod, 0
-    # The blocked weights' own transforms are left unused: dropped, not lifted into the weight transform.
-    mutator.builder_.update_func(g_var, relax.analysis.remove_all_unused(rewritten))
-    return mutator.builder_.get(), mutator.rewritten
+    return rewrite_main(mod, lambda _main: _IntegerConvs(mod), drop_unused=True)

@@ -34,6 +34,7 @@ import tvm
 from tvm import relax, te
 
 from ..models.quantized import byte_pairs_fit
+from .main_rewrite import rewrite_main
 from .panels import _static
 
 _CONSTANT_FORMS = ("relax.astype", "relax.expand_dims", "relax.reshape")
@@ -45,19 +46,27 @@ INTEGER_MATMUL = "integer_matmul"
 """The product block's name, which the schedule rule looks for."""
 
 
-def _integer_panel_matmul(x: te.Tensor, panels: te.Tensor, column_sums: te.Tensor, x_zero: te.Tensor, columns: int):
+def panel_product(x: te.Tensor, panels: te.Tensor, *, widen, name: str) -> te.Tensor:
+    """``x`` (``..., M, K``) by ``(N/l, K/g, l, g)`` panels: ``(..., M, N/l, l)`` sums of ``g`` products a step,
+    each operand in the type ``widen`` takes it to (int32 here, float32 for bf16: :mod:`compiler.tvm.bf16`)."""
     *lead, rows, _ = (int(d) for d in x.shape)
     count, steps, lanes, pair = (int(d) for d in panels.shape)
     step = te.reduce_axis((0, steps), name="k_pair")
     within = te.reduce_axis((0, pair), name="k_within")
-    product = te.compute(
+    return te.compute(
         (*lead, rows, count, lanes),
         lambda *i: te.sum(
-            x[(*i[:-2], step * pair + within)].astype("int32") * panels[i[-2], step, i[-1], within].astype("int32"),
+            widen(x[(*i[:-2], step * pair + within)]) * widen(panels[i[-2], step, i[-1], within]),
             axis=[step, within],
         ),
-        name=INTEGER_MATMUL,
+        name=name,
     )
+
+
+def _integer_panel_matmul(x: te.Tensor, panels: te.Tensor, column_sums: te.Tensor, x_zero: te.Tensor, columns: int):
+    *lead, rows, _ = (int(d) for d in x.shape)
+    lanes = int(panels.shape[2])
+    product = panel_product(x, panels, widen=lambda v: v.astype("int32"), name=INTEGER_MATMUL)
     return te.compute(
         (*lead, rows, columns),
         lambda *i: product[(*i[:-1], i[-1] // lanes, i[-1] % lanes)] - x_zero() * column_sums[i[-1]],
@@ -154,12 +163,4 @@ def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
 def integer_matmuls(mod: tvm.ir.IRModule, *, exact_bytes: bool = False) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed panels (see
     the module's docstring), and how many it rewrote; ``exact_bytes``: the target sums bytes exactly (VNNI)."""
-    if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
-        return mod, 0
-    mutator = _IntegerMatmuls(mod, exact_bytes)
-    g_var = mod.get_global_var("main")
-    rewritten = mutator.visit_expr(mod["main"])
-    if not mutator.rewritten:  # as it was: a rebuilt module loses what the dynamic tier's functions carry
-        return mod, 0
-    mutator.builder_.update_func(g_var, rewritten)
-    return mutator.builder_.get(), mutator.rewritten
+    return rewrite_main(mod, lambda _main: _IntegerMatmuls(mod, exact_bytes))

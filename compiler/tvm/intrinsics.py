@@ -139,53 +139,27 @@ def _avx2_bytes_impl(intrin: DotIntrinsic, scope: str):
 
 
 def _vnni_impl(intrin: DotIntrinsic, scope: str):
-    """``vpdpbusd``: ``lanes`` int32 lanes (8 with AVX-VNNI, 16 with AVX512-VNNI), 4 u8 x s8 products each."""
-    lanes = intrin.lanes
-    llvm = "llvm.x86.avx512.vpdpbusd.512" if lanes == 16 else "llvm.x86.avx512.vpdpbusd.256"
+    """VNNI's accumulating dot products, ``lanes`` int32 lanes (8 with AVX-VNNI or AVX512-VNNI's VL form,
+    16 with AVX512-VNNI): ``vpdpbusd``, 4 u8 x s8 products each; ``vpdpwssd``, 2 int16 x int16 products
+    each, added to the accumulator in the same instruction (``vpmaddwd`` needs a ``vpaddd``)."""
+    lanes, depth, activation, weight = intrin.lanes, intrin.depth, intrin.activation, intrin.weight
+    llvm = f"llvm.x86.avx512.{intrin.instruction}.{lanes * 32}"
 
     @T.prim_func(s_tir=True)
     def impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        A: T.Buffer((depth,), activation, offset_factor=1),
+        B: T.Buffer((lanes, depth), weight, offset_factor=1),
         C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.reads(C[0:lanes], A[0:depth], B[0:lanes, 0:depth])
             T.writes(C[0:lanes])
-            quad = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            group = T.reinterpret(A.vload([0], f"{activation}x{depth}"), dtype="int32")  # 32 bits of A
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(llvm),
                 C[T.ramp(T.int32(0), 1, lanes)],
-                T.reinterpret(T.broadcast(quad, lanes), dtype=f"uint8x{lanes * 4}"),
-                B.vload([0, 0], dtype=f"int8x{lanes * 4}"),
-                dtype=f"int32x{lanes}",
-            )
-
-    return impl
-
-
-def _vnni_words_impl(intrin: DotIntrinsic, scope: str):
-    """``vpdpwssd``: ``lanes`` int32 lanes (8 with AVX-VNNI or AVX512-VNNI's VL form, 16 with AVX512-VNNI),
-    2 int16 x int16 products each, added to the accumulator in the same instruction (``vpmaddwd`` needs a
-    ``vpaddd``)."""
-    lanes = intrin.lanes
-    llvm = f"llvm.x86.avx512.vpdpwssd.{lanes * 32}"
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((2,), "int16", offset_factor=1),
-        B: T.Buffer((lanes, 2), "int16", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1, scope=scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:2], B[0:lanes, 0:2])
-            T.writes(C[0:lanes])
-            pair = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
-            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(llvm),
-                C[T.ramp(T.int32(0), 1, lanes)],
-                T.reinterpret(T.broadcast(pair, lanes), dtype=f"int16x{lanes * 2}"),
-                B.vload([0, 0], dtype=f"int16x{lanes * 2}"),
+                T.reinterpret(T.broadcast(group, lanes), dtype=f"{activation}x{lanes * depth}"),
+                B.vload([0, 0], dtype=f"{weight}x{lanes * depth}"),
                 dtype=f"int32x{lanes}",
             )
 
@@ -322,7 +296,7 @@ _IMPLS = {
     "vpmaddwd": _avx2_impl,
     "vpmaddubsw": _avx2_bytes_impl,
     "vpdpbusd": _vnni_impl,
-    "vpdpwssd": _vnni_words_impl,
+    "vpdpwssd": _vnni_impl,
     "vdpbf16ps": _bf16_impl,
 }
 

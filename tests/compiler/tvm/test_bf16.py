@@ -15,6 +15,8 @@ from compiler.running.engines import TvmEngine
 from compiler.tvm.bf16 import PRECISION_ATTR, bf16_matmuls
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.pipeline import tuned_module_stages
+from compiler.tvm.schedules import IntegerContraction, IntegerConvContraction
+from tests.compiler.tvm.kernels import instruction_lines, scheduled_kernel
 
 HOST = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 
@@ -89,22 +91,14 @@ def test_only_a_bf16_compile_rewrites_and_the_panels_are_weight_work():
 
 @pytest.mark.parametrize("mcpu", ["cooperlake", "sapphirerapids"])
 def test_the_bf16_product_is_vdpbf16ps_where_the_cpu_has_avx512_bf16(mcpu):
-    from compiler.tvm.schedules import IntegerContraction
-
     model, *_ = _linear(8, 64, 32)
     target = tvm.target.Target({**HOST, "mcpu": mcpu})
     mod = _imported(model, 8, 64).with_attr(PRECISION_ATTR, "bf16")
-    with target:
-        for _, passes in tuned_module_stages(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-    kernels = [f for gv, f in mod.functions_items() if "bf16_matmul" in gv.name_hint]
-    assert len(kernels) == 1
-    sch = IntegerContraction().apply(kernels[0], target, False)
+    sch, asm = scheduled_kernel(mod, target, "bf16_matmul", IntegerContraction)
     assert sch is not None
     unit = sch.mod["main"].body.block.annotations["jitserve_unit"]
     assert str(unit) == "bf16 on avx512-bf16 (vdpbf16ps)"
-    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
-    assert "vdpbf16ps" in lib.inspect_source("asm").replace(",", " ").split()
+    assert instruction_lines(asm, "vdpbf16ps")
 
 
 def test_a_bf16_compile_is_an_artifact_of_its_own():
@@ -153,19 +147,10 @@ def test_a_bf16_compile_computes_a_blocked_conv_with_bf16_operands(tmp_path):
 
 
 def test_the_bf16_conv_is_vdpbf16ps_on_avx512_blocks():
-    from compiler.tvm.schedules import IntegerConvContraction
-
     target = tvm.target.Target({**HOST, "mcpu": "cooperlake"})
     mod = import_relax(_conv((1, 32, 7, 7), 32), {"x": (1, 32, 7, 7)}, {"x": "float32"}).with_attr(
         PRECISION_ATTR, "bf16"
     )
-    with target:
-        for _, passes in tuned_module_stages(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-    kernels = [f for gv, f in mod.functions_items() if "bf16_conv" in gv.name_hint and "panels" not in gv.name_hint]
-    assert len(kernels) == 1
-    sch = IntegerConvContraction().apply(kernels[0], target, False)
-    assert sch is not None
-    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
-    products = [line.split() for line in lib.inspect_source("asm").splitlines() if line.split()[:1] == ["vdpbf16ps"]]
-    assert products and all("%zmm" in " ".join(words) for words in products)
+    _, asm = scheduled_kernel(mod, target, "bf16_conv", IntegerConvContraction)
+    products = instruction_lines(asm, "vdpbf16ps")
+    assert products and all("%zmm" in line for line in products)

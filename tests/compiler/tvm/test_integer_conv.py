@@ -14,6 +14,7 @@ from tvm import relax
 from compiler.building.matrix_units import host_matrix_units
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.integer_conv import pack_conv_panels, quantized_convs
+from tests.compiler.tvm.kernels import instruction_lines, scheduled_kernel
 
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the int8 kernels here need AVX2")
@@ -122,7 +123,6 @@ def test_conv_panels_hold_pairs_of_input_channels_under_each_output_channel():
 ])  # fmt: skip
 def test_the_integer_conv_runs_on_the_targets_int8_unit(mcpu, instruction, register):
     """Checked by the code compiled for each CPU (run above where this one is one)."""
-    from compiler.tvm.pipeline import tuned_module_stages
     from compiler.tvm.schedules import IntegerConvContraction
 
     shape = (1, 32, 7, 7)
@@ -130,14 +130,6 @@ def test_the_integer_conv_runs_on_the_targets_int8_unit(mcpu, instruction, regis
     mod = import_relax(_qdq_conv(shape, weight, w_scale, bias, x_zero, stride=1, pad=1), {"x": shape},
                        {"x": "float32"})  # fmt: skip
     target = tvm.target.Target({**TARGET, "mcpu": mcpu})
-    with target:
-        for _, passes in tuned_module_stages(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-    kernels = [f for gv, f in mod.functions_items() if "integer_conv" in gv.name_hint]
-    assert len(kernels) == 1
-    sch = IntegerConvContraction().apply(kernels[0], target, False)
-    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
-    # AVX-VNNI's encoding is written "{vex} vpdpwssd".
-    lines = [[word for word in line.split() if word != "{vex}"] for line in lib.inspect_source("asm").splitlines()]
-    products = [words for words in lines if words and words[0] == instruction]
-    assert products and all(register in " ".join(words) for words in products)
+    _, asm = scheduled_kernel(mod, target, "integer_conv", IntegerConvContraction)
+    products = instruction_lines(asm, instruction)
+    assert products and all(register in line for line in products)

@@ -16,7 +16,8 @@ from compiler.building.matrix_units import host_matrix_units
 from compiler.models.quantized import byte_pairs_fit
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.integer_matmul import integer_matmuls
-from compiler.tvm.pipeline import tuned_module_stages
+from compiler.tvm.schedules import IntegerContraction
+from tests.compiler.tvm.kernels import instruction_lines, scheduled_kernel
 
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the int8 kernels here need AVX2")
@@ -111,14 +112,6 @@ def test_the_integer_kernel_saturates_bytes_only_where_every_pair_fits(mcpu, bit
     mod = import_relax(onnx.load_from_string(_matmul_integer(8, 64, 48, w, w_zero)), bucket,
                        {"a": "uint8", "a_zero": "uint8"})  # fmt: skip
     target = tvm.target.Target({**TARGET, "mcpu": mcpu})
-    with target:
-        for _, passes in tuned_module_stages(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-    from compiler.tvm.schedules import IntegerContraction
-
-    kernels = [f for gv, f in mod.functions_items() if "integer_matmul" in gv.name_hint]
-    assert len(kernels) == 1
-    sch = IntegerContraction().apply(kernels[0], target, False)
-    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target)
-    words = lib.inspect_source("asm").replace(",", " ").split()
-    assert instruction in words and ("vpmaddubsw" in words) == (instruction == "vpmaddubsw")
+    _, asm = scheduled_kernel(mod, target, "integer_matmul", IntegerContraction)
+    assert instruction_lines(asm, instruction)
+    assert bool(instruction_lines(asm, "vpmaddubsw")) == (instruction == "vpmaddubsw")
