@@ -10,12 +10,15 @@ it a float conv. Here, in two steps:
    becomes ``conv(q - zx, W - zw)`` in int16 with int32 sums, times ``sx * sw`` per output channel (from
    the weights alone: lifted out of the request). Exact where the float conv rounds. The activation
    enters in int16 with its zero point subtracted, so the conv's zero padding is the real zero, as it is
-   for the float conv. ConvertLayout then blocks it like any conv (NCHW{b}c), and carries the quantize
-   steps around it as the elementwise ops they are.
-2. :func:`integer_convs`, after blocking: each blocked int16 conv by a constant weight reads its weight
-   from ``(O/b, I/b, KH, KW, b/2, b, 2)`` panels packed here (pairs of input channels innermost under
-   ``b`` output channels: the layout of ``vpmaddwd``'s operand, :mod:`compiler.tvm.intrinsics`) in a
-   product block that :class:`compiler.tvm.schedules.integer.IntegerConvContraction` tensorizes.
+   for the float conv. Where the products sum exactly in bytes (VNNI's ``vpdpbusd`` on any int8 weight;
+   AVX2's ``vpmaddubsw`` on weights whose channel pairs keep its bound), the activation enters in uint8
+   instead (``_byte_sums``). ConvertLayout then blocks it like any conv (NCHW{b}c), and carries the
+   quantize steps around it as the elementwise ops they are.
+2. :func:`integer_convs`, after blocking: each blocked integer conv by a constant weight reads its weight
+   from ``(O/b, I/b, KH, KW, b/g, b, g)`` panels packed here (``g`` input channels innermost under ``b``
+   output channels: 2 int16 ones or 4 bytes, the layout of the dot product's operand,
+   :mod:`compiler.tvm.intrinsics`) in a product block that
+   :class:`compiler.tvm.schedules.integer.IntegerConvContraction` tensorizes.
 
 Only convs with whole blocks of input and output channels and one group are rewritten; any other conv of
 the graph stays a float conv of dequantized values, as before.
@@ -65,9 +68,9 @@ class _QuantizedConvs(relax.PyExprMutator):
         return self.exact_bytes or byte_pairs_fit(by_input)
 
     def _byte_sums(self, quantized: relax.Expr, zero: int, exact: np.ndarray, attrs) -> relax.Expr:
-        """The conv's int32 sums from the activation in bytes: ``u = q - zero + shift`` in uint8 (the shift
-        128 for int8), padded with ``shift`` (a real zero), and ``u x W - shift x sum(W)`` per output
-        channel. The padding is its own op: a conv pads with 0."""
+        """The conv's int32 sums from the activation in bytes: ``u = q + shift`` in uint8 (``shift`` 128 for
+        an int8 ``q``, 0 for uint8), padded with ``zero + shift`` (the real zero), then ``u x W - (zero +
+        shift) x sum(W)`` per output channel. The padding is an op of its own: a conv pads with 0."""
         shift = 128 if quantized.ty.dtype == "int8" else 0
         unsigned = relax.op.astype(
             relax.op.add(relax.op.astype(quantized, "int16"), relax.const(shift, "int16")), "uint8"

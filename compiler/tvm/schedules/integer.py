@@ -1,7 +1,8 @@
 """Integer contractions: the ``integer_matmul`` product of :mod:`compiler.tvm.integer_matmul` (int16
 activations by int16 weight panels, or uint8 by int8 ones, int32 sums) and the ``integer_conv`` one of
-:mod:`compiler.tvm.integer_conv` (a channel-blocked int16 map by int16 panels), tensorized into the
-CPU's dot product for them.
+:mod:`compiler.tvm.integer_conv` (a channel-blocked int16 or uint8 map by int16 or int8 panels), and
+their bf16 forms (:mod:`compiler.tvm.bf16`: bf16 operands, float32 sums), tensorized into the target's
+dot product for them.
 
 The product's tile of ``rows x panels`` (each panel 8 int32 columns) accumulates in registers over the
 reduction, in groups of ``k`` (one ``vpmaddwd`` per row and panel for a pair of int16 ones; a
@@ -125,9 +126,10 @@ class IntegerContraction(SafeRule):
         return sch
 
 
-# The conv's register tile: output columns x blocks of output channels (each block b/8 vectors). Four
-# columns by two blocks where the row allows (one broadcast of a channel pair feeds two vpmaddwd), else
-# seven by one (ResNet's 14- and 7-wide maps).
+# The conv's register tile: output columns x blocks of output channels (each block b/lanes vectors). Four
+# columns by two blocks where the row allows (one broadcast of a channel group feeds two dot products),
+# else seven by one (ResNet's 14- and 7-wide maps). On ResNet-50's int16 convs (AMD EPYC Zen 3, AVX2)
+# 2x2, 4x2, 7x1 and 2x4 measured within noise of each other: tuning's alternatives.
 _COLUMN_CHOICES = (4, 7, 6, 5, 3, 2, 1, 8)
 _BLOCK_CHOICES = (2, 1, 4)
 
@@ -147,8 +149,11 @@ class IntegerConvContraction(SafeRule):
 
     def _schedule(self, func, target):
         sch = s_tir.Schedule(func)
-        # AVX-512's 16-channel blocks take 16-lane products where the unit has them (vpdpwssd on zmm).
-        widths = lambda loops: (8, 16)[: 2 if _extent(sch, loops[4]) % 16 == 0 else 1]  # noqa: E731
+
+        def widths(loops) -> tuple[int, ...]:
+            # AVX-512's 16-channel blocks take 16-lane products where the unit has them (zmm).
+            return (8, 16) if _extent(sch, loops[4]) % 16 == 0 else (8,)
+
         found = _integer_product(sch, target, INTEGER_CONV, widths) or _integer_product(sch, target, BF16_CONV, widths)
         if found is None:
             return None
