@@ -145,17 +145,19 @@ def _per_tensor(call: relax.Call) -> bool:
 
 
 def quantize_as_elementwise(call: relax.Call) -> relax.Expr:
-    """A per-tensor ``quantize`` as the elementwise ops it legalizes to (``round(x / s) + z``, clipped to
-    the integer type and cast): ConvertLayout has no layout rule for ``quantize``, and left as it is, a
-    blocked QDQ model transformed every map back to NCHW and again around each of them."""
+    """A per-tensor ``quantize`` as the elementwise ops it legalizes to (``round(x / s) + z``, clipped to the
+    integer type and cast; ``round`` is LLVM's ``nearbyint`` on the CPU, ties to even as ONNX says):
+    ConvertLayout has no layout rule for ``quantize``, and left as it is, a blocked QDQ model transformed
+    every map back to NCHW and again around each of them."""
     out_dtype = str(call.attrs.out_dtype)
     if not _per_tensor(call) or out_dtype not in ("int8", "uint8"):
         return call
     data, scale, zero = call.args
+    dtype = data.ty.dtype
     limits = np.iinfo(out_dtype)
-    value = relax.op.add(relax.op.round(relax.op.divide(data, scale)), relax.op.astype(zero, data.ty.dtype))
-    value = relax.op.minimum(relax.op.maximum(value, relax.const(float(limits.min), data.ty.dtype)),
-                             relax.const(float(limits.max), data.ty.dtype))  # fmt: skip
+    value = relax.op.add(relax.op.round(relax.op.divide(data, scale)), relax.op.astype(zero, dtype))
+    value = relax.op.minimum(relax.op.maximum(value, relax.const(float(limits.min), dtype)),
+                             relax.const(float(limits.max), dtype))  # fmt: skip
     return relax.op.astype(value, out_dtype)
 
 

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the
 X_SCALE = 0.05
 
 
-def _qdq_conv(shape, weight, w_scale, bias, x_zero, *, stride: int, pad: int) -> onnx.ModelProto:
+def _qdq_conv(
+    shape, weight, w_scale, bias, x_zero, *, stride: int, pad: int, x_scale: float = X_SCALE
+) -> onnx.ModelProto:
     """``y = Conv(DQ(Q(x)), DQ(W), bias)``: the QDQ form ``quantize_static`` writes, weights per channel."""
     zero_type = TensorProto.UINT8 if x_zero.dtype == np.uint8 else TensorProto.INT8
     nodes = [
@@ -33,7 +35,7 @@ def _qdq_conv(shape, weight, w_scale, bias, x_zero, *, stride: int, pad: int) ->
                          pads=[pad] * 4, strides=[stride] * 2),
     ]  # fmt: skip
     initializers = [
-        helper.make_tensor("x_scale", TensorProto.FLOAT, [], [X_SCALE]),
+        helper.make_tensor("x_scale", TensorProto.FLOAT, [], [x_scale]),
         helper.make_tensor("x_zero", zero_type, [], [int(x_zero)]),
         numpy_helper.from_array(weight, "w"),
         numpy_helper.from_array(w_scale, "w_scale"),
@@ -59,10 +61,11 @@ def _operands(shape, out_channels: int, kernel: int, activation: str, bits: int 
     return x, weight, w_scale, bias, x_zero
 
 
-def _reference(x, weight, w_scale, bias, x_zero, *, stride: int, pad: int) -> np.ndarray:
-    """The conv of the quantized activation, in exact integers, scaled in float64."""
+def _reference(x, weight, w_scale, bias, x_zero, *, stride: int, pad: int, x_scale: float = X_SCALE) -> np.ndarray:
+    """The conv of the quantized activation (rounded half to even, as ONNX says), in exact integers, scaled
+    in float64."""
     limits = np.iinfo(x_zero.dtype)
-    quantized = np.clip(np.round(x / np.float32(X_SCALE)) + int(x_zero), limits.min, limits.max).astype(np.int64)
+    quantized = np.clip(np.round(x / np.float32(x_scale)) + int(x_zero), limits.min, limits.max).astype(np.int64)
     centred = np.pad(quantized - int(x_zero), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
     kernel = weight.shape[2]
     out_h, out_w = ((d - kernel) // stride + 1 for d in centred.shape[2:])
@@ -71,7 +74,7 @@ def _reference(x, weight, w_scale, bias, x_zero, *, stride: int, pad: int) -> np
         for j in range(kernel):
             window = centred[:, :, i : i + stride * out_h : stride, j : j + stride * out_w : stride]
             sums += np.einsum("nchw,oc->nohw", window, weight[:, :, i, j].astype(np.int64))
-    scale = np.float64(X_SCALE) * w_scale.astype(np.float64)
+    scale = np.float64(x_scale) * w_scale.astype(np.float64)
     return sums * scale[None, :, None, None] + bias[None, :, None, None]
 
 
@@ -95,6 +98,19 @@ def test_a_qdq_conv_sums_exactly_in_integers(activation, shape, stride, pad, bit
     assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}
     got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = _reference(x, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_quantize_rounds_ties_to_even_as_onnx_does():
+    """A scale of 1/4: activations of k + 1/2 steps exactly, which rounding half away from zero would put one
+    step off (TVM's ``round`` is LLVM's ``nearbyint`` on the CPU: ties to even)."""
+    shape = (1, 16, 6, 6)
+    _, weight, w_scale, bias, x_zero = _operands(shape, 16, 3, "int8")
+    ties = (np.arange(np.prod(shape)) % 9 - 4 + 0.5).astype(np.float32).reshape(shape) * np.float32(0.25)
+    model = _qdq_conv(shape, weight, w_scale, bias, x_zero, stride=1, pad=1, x_scale=0.25)
+    executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET)
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(ties)).numpy()
+    want = _reference(ties, weight, w_scale, bias, x_zero, stride=1, pad=1, x_scale=0.25)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
