@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .qoperator import qoperator_as_qdq
 from .weights import constant_value
 
 _LAYOUT_OPS = frozenset({"Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"})
@@ -128,7 +129,8 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
     or uint8 weight of even depth, with a per-tensor zero point on its activation (a dynamically quantized
     transformer, as ``onnxruntime.quantization.quantize_dynamic`` makes them); in a static QDQ graph
     (``quantize_static``), at least one conv computed in integers (:func:`_integer_conv`), the rest as the
-    graph spells it in float."""
+    graph spells it in float. A QOperator graph is judged in its QDQ spelling (:mod:`compiler.models.qoperator`)."""
+    model = qoperator_as_qdq(model) or model  # QLinearConv and the like, as the QDQ they mean
     ops = integer_ops(model)
     others = [op for op in ops if op not in _COMPILED_INTEGER_OPS]
     if others:

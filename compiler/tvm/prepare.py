@@ -15,6 +15,7 @@ import onnxsim
 from onnx import numpy_helper
 
 from ..measuring.profile import named_nodes
+from ..models.qoperator import qoperator_as_qdq
 from ..models.weights import constant_value, is_weight, save_prepared
 
 
@@ -65,6 +66,7 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
 def prepare(model_bytes: bytes, directory: Path, simplify: bool) -> dict:
     """Write the prepared folder of ``model_bytes`` into ``directory``; returns its facts."""
     model = onnx.load_from_string(model_bytes)
+    model = qoperator_as_qdq(model) or model  # the compiled tier keeps a QDQ graph's convs in integers
     graph, weights = split_weights(fold_weights(model) if simplify else model)
     save_prepared(directory, graph, weights)
     return {"weights": len(weights), "weight_bytes": sum(array.nbytes for array in weights.values())}

@@ -12,8 +12,10 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 from compiler.models.model import load_model
-from compiler.models.quantized import integer_ops, output_steps
+from compiler.models.qoperator import qoperator_as_qdq
+from compiler.models.quantized import integer_ops, integer_path_refusal, output_steps
 from compiler.running.arrays import compare_outputs
+from compiler.running.engines import OrtEngine
 from tests import convnets, synthetic
 
 
@@ -114,11 +116,30 @@ def test_a_dynamically_quantized_encoder_is_kept_in_integers_by_the_compiled_tie
     assert model.integer_refusal is None
 
 
-def test_a_statically_quantized_convnet_is_kept_in_integers_in_its_qdq_form_only(tmp_path):
-    qdq = load_model(static_quantized_convnet(tmp_path, QuantFormat.QDQ), max_bytes=1 << 26)
-    assert qdq.integer_refusal is None  # its convs of 16 and 64 channels: compiler/tvm/integer_conv.py
-    qoperator = load_model(static_quantized_convnet(tmp_path, QuantFormat.QOperator), max_bytes=1 << 26)
-    refusal = qoperator.integer_refusal
+@pytest.mark.parametrize("quant_format", [QuantFormat.QDQ, QuantFormat.QOperator])
+def test_a_statically_quantized_convnet_is_kept_in_integers(tmp_path, quant_format):
+    """Its convs of 16 and 64 channels (compiler/tvm/integer_conv.py); a QOperator one in its QDQ spelling."""
+    assert load_model(static_quantized_convnet(tmp_path, quant_format), max_bytes=1 << 26).integer_refusal is None
+
+
+def test_a_qoperator_graph_spelled_as_qdq_answers_as_it_does(tmp_path):
+    """QLinearConv, QLinearAdd, QLinearGlobalAveragePool and QGemm as dequantize, float op, quantize: ONNX
+    Runtime (which fuses them back) answers the two alike, to the bit."""
+    qoperator = onnx.load_from_string(static_quantized_convnet(tmp_path, QuantFormat.QOperator))
+    qdq = qoperator_as_qdq(qoperator)
+    onnx.checker.check_model(qdq)
+    assert integer_ops(qdq) == ["QuantizeLinear"]
+    x = {"x": np.random.default_rng(5).standard_normal((2, 3, 56, 56)).astype(np.float32)}
+    want = OrtEngine(qoperator.SerializeToString()).run(x)["y"]
+    np.testing.assert_array_equal(OrtEngine(qdq.SerializeToString()).run(x)["y"], want)
+
+
+def test_a_qoperator_op_with_no_qdq_spelling_is_refused_by_name(tmp_path):
+    model = onnx.load_from_string(static_quantized_convnet(tmp_path, QuantFormat.QOperator))
+    pool = next(n for n in model.graph.node if n.op_type == "QLinearGlobalAveragePool")
+    next(a for a in pool.attribute if a.name == "channels_last").i = 1  # NHWC: not spelled here
+    assert qoperator_as_qdq(model) is None
+    refusal = integer_path_refusal(model)
     assert refusal is not None and "QLinearConv" in refusal and "computed in integers only by ONNX Runtime" in refusal
 
 
@@ -142,5 +163,5 @@ def test_the_bench_names_each_engines_arithmetic(tmp_path):
     qdq = load_model(static_quantized_convnet(tmp_path, QuantFormat.QDQ), max_bytes=1 << 26)
     assert precisions(qdq, "llvm")["tvm"] == tvm
     qoperator = load_model(static_quantized_convnet(tmp_path, QuantFormat.QOperator), max_bytes=1 << 26)
-    assert precisions(qoperator, "llvm")["tvm"] == "fp32 (its integer ops run in float)"
+    assert precisions(qoperator, "llvm")["tvm"] == tvm
     assert set(precisions(load_model(convnets.residual_model(), max_bytes=1 << 26), "llvm").values()) == {"fp32"}

@@ -50,14 +50,16 @@ def test_a_quantized_model_is_compiled_where_its_contract_allows_int8(tmp_path):
                 got = {"y": np.array(answer["outputs"]["y"], np.float32)}
                 assert compare_within_budget(got, want, AccuracyBudget(**BUDGET)).matches, answer["engine"]
 
-            qdq = static_quantized_convnet(tmp_path, QuantFormat.QDQ)
             convnet = {"axes": {"N": {"kind": "pow2", "min": 1, "max": 2}}, "warm_buckets": [{"x": [2, 3, 56, 56]}]}
             images = np.random.default_rng(4).standard_normal((2, 3, 56, 56)).astype(np.float32)
-            assert upload(client, "qdq", qdq, {**convnet, "precision": contract}).status_code == 201
-            bucket = settled_bucket(client, "qdq", "x=2x3x56x56")
-            assert bucket["state"] == "ready" and set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}, bucket
-            answer = predict(client, "qdq", images)
-            got = {"y": np.array(answer["outputs"]["y"], np.float32)}
-            assert compare_within_budget(got, OrtEngine(qdq).run({"x": images}), AccuracyBudget(**BUDGET)).matches
+            for quant_format in (QuantFormat.QDQ, QuantFormat.QOperator):  # QOperator: compiled as its QDQ spelling
+                name, data = quant_format.name.lower(), static_quantized_convnet(tmp_path, quant_format)
+                assert upload(client, name, data, {**convnet, "precision": contract}).status_code == 201
+                bucket = settled_bucket(client, name, "x=2x3x56x56")
+                assert bucket["state"] == "ready" and set(bucket["latency_ms"]) == {"onnxruntime", "tvm"}, bucket
+                answer = predict(client, name, images)
+                got = {"y": np.array(answer["outputs"]["y"], np.float32)}
+                want = OrtEngine(data).run({"x": images})
+                assert compare_within_budget(got, want, AccuracyBudget(**BUDGET)).matches, name
     finally:
         server.stop()
