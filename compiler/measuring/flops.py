@@ -1,5 +1,7 @@
 """Floating-point work of a model at one bucket: the multiply-adds of its
 contractions (Conv, ConvTranspose, MatMul, Gemm), counted as 2 FLOPs each.
+A quantized model's integer contractions (MatMulInteger, ConvInteger,
+QLinearConv, QLinearMatMul, QGemm) count alike, as 2 operations each.
 
 Elementwise ops are left out, as in the usual GFLOP/s figures of convnets
 and transformers: they are memory-bound and a small share of the FLOPs.
@@ -13,6 +15,7 @@ import math
 
 import onnx
 
+from ..models.qoperator import qoperator_as_qdq
 from ..models.signature import fix_input_shapes
 
 
@@ -39,22 +42,33 @@ def _known(shape) -> bool:
     return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
 
 
+# An integer contraction's float form: the op it computes, and where its weight input is.
+_INTEGER_FORMS = {
+    "ConvInteger": ("Conv", 1),
+    "QLinearConv": ("Conv", 3),
+    "MatMulInteger": ("MatMul", 1),
+    "QLinearMatMul": ("MatMul", 3),
+    "QGemm": ("Gemm", 3),
+}
+
+
 def _node_macs(node: onnx.NodeProto, shapes: dict) -> int | None:
     """Multiply-adds of one contraction node, ``None`` when a shape is unknown."""
     out = shapes.get(node.output[0]) if node.output else None
-    if node.op_type in ("Conv", "ConvTranspose"):
-        weight = shapes.get(node.input[1])
+    op_type, weight_input = _INTEGER_FORMS.get(node.op_type, (node.op_type, 1))
+    if op_type in ("Conv", "ConvTranspose"):
+        weight = shapes.get(node.input[weight_input])
         if not (_known(out) and _known(weight)):
             return None
-        if node.op_type == "Conv":  # every output element: (C / group) * kh * kw products
+        if op_type == "Conv":  # every output element: (C / group) * kh * kw products
             return math.prod(out) * math.prod(weight[1:])
         data = shapes.get(node.input[0])  # every input element scatters to (M / group) * kh * kw outputs
         return math.prod(data) * math.prod(weight[1:]) if _known(data) else None
-    if node.op_type in ("MatMul", "Gemm"):
+    if op_type in ("MatMul", "Gemm"):
         a = shapes.get(node.input[0])
         if not (_known(out) and _known(a)):
             return None
-        transposed = node.op_type == "Gemm" and _attribute(node, "transA", 0)
+        transposed = op_type == "Gemm" and _attribute(node, "transA", 0)
         k = a[0] if transposed else a[-1]
         return math.prod(out) * k
     return 0
@@ -64,9 +78,10 @@ def model_flops(model: onnx.ModelProto, bucket: dict[str, tuple]) -> tuple[int, 
     """(FLOPs of the contractions counted, contraction nodes whose shapes stayed unknown).
 
     A graph whose shapes inference cannot follow (PP-OCR rec's Shape -> Reshape chains)
-    counts fully once onnxsim has folded it for the bucket, as the compiler does.
+    counts fully once onnxsim has folded it for the bucket, as the compiler does. A QOperator graph is
+    counted in its QDQ spelling: shape inference knows no ``com.microsoft`` op.
     """
-    return _count(fix_input_shapes(model, bucket))
+    return _count(fix_input_shapes(qoperator_as_qdq(model) or model, bucket))
 
 
 def _count(model: onnx.ModelProto) -> tuple[int, int]:

@@ -53,3 +53,24 @@ def test_shapes_the_graph_computes_are_counted():
     flops, unknown = model_flops(make_model(graph), {"x": (5, 3, 4)})
     assert unknown == 0
     assert flops == 2 * 5 * 12 * 3
+
+
+def test_a_quantized_models_integer_contractions_count_as_their_float_forms(tmp_path):
+    """The same convnet quantized statically (QOperator: QLinearConv, QGemm) or in QDQ form, and the same
+    encoder quantized dynamically (MatMulInteger): as many operations as their float models."""
+    import onnx
+    from onnxruntime.quantization import QuantFormat
+
+    from tests import convnets, synthetic
+    from tests.compiler.test_quantized import dynamic_quantized_encoder, static_quantized_convnet
+
+    images = {"x": (2, 3, 56, 56)}
+    float_convnet = model_flops(onnx.load_from_string(convnets.residual_model()), images)
+    for quant_format in (QuantFormat.QDQ, QuantFormat.QOperator):
+        quantized = onnx.load_from_string(static_quantized_convnet(tmp_path, quant_format))
+        assert model_flops(quantized, images) == float_convnet, quant_format
+    encoder = {"x": (2, 16, 64)}
+    float_encoder = model_flops(onnx.load_from_string(synthetic.bert_encoder_model(layers=1, hidden=64, heads=4,
+                                                                                  seq=16)), encoder)  # fmt: skip
+    dynamic = onnx.load_from_string(dynamic_quantized_encoder(tmp_path))
+    assert model_flops(dynamic, encoder) == float_encoder and float_encoder[0] > 0
