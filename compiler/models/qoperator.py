@@ -56,6 +56,14 @@ class _Graph:
         self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
+    def float_op(self, op_type: str, inputs: list[str], out: str, scale: str, zero: str, **attributes) -> None:
+        """The float op on dequantized ``inputs``, its result quantized into ``out`` (where ``scale`` is given;
+        else the float result is ``out``)."""
+        result = self.name(out) if scale else out
+        self.nodes.append(helper.make_node(op_type, inputs, [result], name=self.name(out), **attributes))
+        if scale:
+            self.quantized(result, scale, zero, out)
+
     def weight_axis(self, scale: str) -> int | None:
         """0 for a scale per output channel (a vector), None for one per tensor."""
         value = self.constants.get(scale)
@@ -77,53 +85,35 @@ def _attributes(node: onnx.NodeProto, names: tuple[str, ...]) -> dict:
 def _spell(node: onnx.NodeProto, graph: _Graph) -> bool:
     """Append ``node``'s QDQ spelling to ``graph``; False where it has none here."""
     i, out = list(node.input) + [""] * 9, node.output[0]
-    if node.op_type == "QLinearConv":
-        x = graph.dequantized(i[0], i[1], i[2])
-        w = graph.dequantized(i[3], i[4], i[5], axis=graph.weight_axis(i[4]))
-        inputs = [x, w]
-        if i[8]:
-            bias = graph.bias(i[8], i[1], i[4])
-            if bias is None:
+    if node.op_type in ("QLinearConv", "QGemm"):  # x, sx, zx, w, sw, zw, then (y's scale and zero, bias) in turn
+        conv = node.op_type == "QLinearConv"
+        y_scale, y_zero, bias = (i[6], i[7], i[8]) if conv else (i[7], i[8], i[6])
+        names = (
+            ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+            if conv
+            else ("alpha", "transA", "transB")
+        )
+        attributes = _attributes(node, names)
+        per_column = 0 if conv or attributes.get("transB", 0) else 1  # the weight's axis of output channels
+        axis = per_column if graph.weight_axis(i[4]) is not None else None
+        inputs = [graph.dequantized(i[0], i[1], i[2]), graph.dequantized(i[3], i[4], i[5], axis=axis)]
+        if bias:
+            inputs.append(graph.bias(bias, i[1], i[4]))
+            if inputs[-1] is None:
                 return False
-            inputs.append(bias)
-        attributes = _attributes(node, ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
-        result = graph.name(out)
-        graph.nodes.append(helper.make_node("Conv", inputs, [result], name=result, **attributes))
-        graph.quantized(result, i[6], i[7], out)
+        graph.float_op("Conv" if conv else "Gemm", inputs, out, y_scale, y_zero, **attributes)
     elif node.op_type == "QLinearMatMul":
-        a, b = graph.dequantized(i[0], i[1], i[2]), graph.dequantized(i[3], i[4], i[5], axis=None)
         if graph.weight_axis(i[4]) is not None:
             return False  # a per-column scale of the matmul's second operand: axis 1, not spelled here
-        result = graph.name(out)
-        graph.nodes.append(helper.make_node("MatMul", [a, b], [result], name=result))
-        graph.quantized(result, i[6], i[7], out)
+        inputs = [graph.dequantized(i[0], i[1], i[2]), graph.dequantized(i[3], i[4], i[5])]
+        graph.float_op("MatMul", inputs, out, i[6], i[7])
     elif node.op_type == "QLinearAdd":
-        a, b = graph.dequantized(i[0], i[1], i[2]), graph.dequantized(i[3], i[4], i[5])
-        result = graph.name(out)
-        graph.nodes.append(helper.make_node("Add", [a, b], [result], name=result))
-        graph.quantized(result, i[6], i[7], out)
+        inputs = [graph.dequantized(i[0], i[1], i[2]), graph.dequantized(i[3], i[4], i[5])]
+        graph.float_op("Add", inputs, out, i[6], i[7])
     elif node.op_type == "QLinearGlobalAveragePool":
         if _attributes(node, ("channels_last",)).get("channels_last", 0):
             return False
-        x = graph.dequantized(i[0], i[1], i[2])
-        result = graph.name(out)
-        graph.nodes.append(helper.make_node("GlobalAveragePool", [x], [result], name=result))
-        graph.quantized(result, i[3], i[4], out)
-    elif node.op_type == "QGemm":
-        attributes = _attributes(node, ("alpha", "transA", "transB"))
-        axis = 0 if attributes.get("transB", 0) else 1  # a scale per output column
-        a = graph.dequantized(i[0], i[1], i[2])
-        b = graph.dequantized(i[3], i[4], i[5], axis=axis if graph.weight_axis(i[4]) is not None else None)
-        inputs = [a, b]
-        if i[6]:
-            bias = graph.bias(i[6], i[1], i[4])
-            if bias is None:
-                return False
-            inputs.append(bias)
-        result = graph.name(out) if i[7] else out  # no output scale: a float output
-        graph.nodes.append(helper.make_node("Gemm", inputs, [result], name=graph.name(out), **attributes))
-        if i[7]:
-            graph.quantized(result, i[7], i[8], out)
+        graph.float_op("GlobalAveragePool", [graph.dequantized(i[0], i[1], i[2])], out, i[3], i[4])
     else:
         return False
     return True
