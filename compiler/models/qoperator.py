@@ -27,11 +27,12 @@ class _Graph:
     """The nodes of the QDQ spelling as they are written, and the constants they read."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
-        self.constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+        # Read as arrays only where a spelling needs a value (the scales): not every weight of the model.
+        self._tensors = {tensor.name: tensor for tensor in graph.initializer}
         for node in graph.node:
             value = constant_value(node)
             if value is not None:
-                self.constants[node.output[0]] = numpy_helper.to_array(value)
+                self._tensors[node.output[0]] = value
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.count = 0
@@ -64,16 +65,22 @@ class _Graph:
         if scale:
             self.quantized(result, scale, zero, out)
 
+    def value(self, name: str) -> np.ndarray | None:
+        """The constant ``name`` holds, or None where it is computed."""
+        tensor = self._tensors.get(name)
+        return None if tensor is None else numpy_helper.to_array(tensor)
+
     def weight_axis(self, scale: str) -> int | None:
         """0 for a scale per output channel (a vector), None for one per tensor."""
-        value = self.constants.get(scale)
-        return 0 if value is not None and value.size > 1 else None
+        tensor = self._tensors.get(scale)
+        return 0 if tensor is not None and int(np.prod(tensor.dims)) > 1 else None
 
     def bias(self, bias: str, x_scale: str, w_scale: str) -> str | None:
         """The int32 bias dequantized at ``x_scale * w_scale``; None where a scale is not a constant."""
-        if x_scale not in self.constants or w_scale not in self.constants:
+        x_value, w_value = self.value(x_scale), self.value(w_scale)
+        if x_value is None or w_value is None:
             return None
-        scale = (self.constants[x_scale].astype(np.float32) * self.constants[w_scale].astype(np.float32)).ravel()
+        scale = (x_value.astype(np.float32) * w_value.astype(np.float32)).ravel()
         return self.dequantized(bias, self.constant(f"{bias}_scale", scale.astype(np.float32)), None,
                                 axis=0 if scale.size > 1 else None)  # fmt: skip
 

@@ -111,6 +111,15 @@ kernels use it on any weight, and their answers then depend on the data; 7-bit w
 always keep the bound."""
 
 
+def bytes_sum_exactly(exact: np.ndarray, *, exact_sums: bool) -> bool:
+    """Whether ``exact`` (a ``K x N`` integer weight, zero point subtracted) is multiplied by uint8 activations
+    exactly in bytes: int8 values, and either the unit sums byte products into int32 (``exact_sums``: VNNI's
+    ``vpdpbusd``) or every pair keeps ``vpmaddubsw``'s bound (:func:`byte_pairs_fit`)."""
+    if exact.min(initial=0) < -128 or exact.max(initial=0) > 127:
+        return False
+    return exact_sums or byte_pairs_fit(exact)
+
+
 def byte_pairs_fit(exact: np.ndarray) -> bool:
     """Whether ``exact`` (a ``K x N`` integer weight, zero point subtracted) is multiplied by uint8
     activations exactly with ``vpmaddubsw``: int8 values, and in every column each pair of k it sums

@@ -32,7 +32,7 @@ import numpy as np
 import tvm
 from tvm import relax, te, topi
 
-from ..models.quantized import byte_pairs_fit
+from ..models.quantized import bytes_sum_exactly
 from .main_rewrite import rewrite_main
 from .panels import _static
 
@@ -60,12 +60,9 @@ class _QuantizedConvs(relax.PyExprMutator):
         return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
 
     def _in_bytes(self, exact: np.ndarray) -> bool:
-        """Whether the weight is multiplied in bytes, exactly: int8, and the target's byte products sum
-        into int32 (VNNI), or every pair of input channels keeps ``vpmaddubsw``'s bound (7-bit weights)."""
-        if exact.min(initial=0) < -128 or exact.max(initial=0) > 127:
-            return False
-        by_input = exact.transpose(1, 0, 2, 3).reshape(exact.shape[1], -1)  # pairs of input channels
-        return self.exact_bytes or byte_pairs_fit(by_input)
+        """Whether the OIHW weight is multiplied in bytes, exactly (its pairs: of input channels)."""
+        by_input = exact.transpose(1, 0, 2, 3).reshape(exact.shape[1], -1)
+        return bytes_sum_exactly(by_input, exact_sums=self.exact_bytes)
 
     def _byte_sums(self, quantized: relax.Expr, zero: int, exact: np.ndarray, attrs) -> relax.Expr:
         """The conv's int32 sums from the activation in bytes: ``u = q + shift`` in uint8 (``shift`` 128 for

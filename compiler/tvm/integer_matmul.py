@@ -33,7 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..models.quantized import byte_pairs_fit
+from ..models.quantized import bytes_sum_exactly
 from .main_rewrite import rewrite_main
 from .panels import _static
 
@@ -119,12 +119,7 @@ class _IntegerMatmuls(relax.PyExprMutator):
         depth = shape[0]
         exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
         sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
-        in_bytes = exact.min(initial=0) >= -128 and exact.max(initial=0) <= 127
-        if (
-            x.ty.dtype == "uint8"
-            and depth % BYTE_GROUP == 0
-            and ((self.exact_bytes and in_bytes) or byte_pairs_fit(exact))
-        ):
+        if x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0 and bytes_sum_exactly(exact, exact_sums=self.exact_bytes):
             panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
         else:
             panels = relax.const(pack_panels(exact, 2))

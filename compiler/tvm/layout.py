@@ -282,9 +282,10 @@ def _rewritten(mod: tvm.ir.IRModule, rewrites: dict) -> tvm.ir.IRModule:
 
 
 def blocked_layouts(call: relax.Call, block: int) -> list[str] | None:
-    """The [data, kernel, output] layouts of ``call`` (an NCHW float32 conv2d) channel-blocked by ``block``,
-    or ``None`` where it stays NCHW: a map or channel count not static, or channels that do not fill whole
-    blocks (a grouped conv whose groups are narrower than a block)."""
+    """The [data, kernel, output] layouts of ``call`` (an NCHW float32 conv2d, or an integer one of
+    ``compiler.tvm.integer_conv``) channel-blocked by ``block``, or ``None`` where it stays NCHW: a map or
+    channel count not static, or channels that do not fill whole blocks (a grouped conv whose groups are
+    narrower than a block)."""
     attrs = call.attrs
     data = static_shape(call.args[0])
     weight = static_shape(call.args[1])
