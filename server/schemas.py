@@ -27,6 +27,13 @@ class OpenVinoBuildDescription(BaseModel):
     failure: str | None = Field(None, description="why it cannot serve the bucket: not built, or not verified")
 
 
+class Bf16KernelDescription(BaseModel):
+    key: str | None = Field(None, description="its kernel in the store; a shadow check's demotion keeps it off")
+    verification: str | None = Field(None, description="its measured error against onnxruntime, within the budget")
+    kernels_in_bf16: int | None = Field(None, description="its kernels whose products are in bf16")
+    failure: str | None = Field(None, description="why it cannot serve the bucket: not compiled, or not verified")
+
+
 class Bucket(BaseModel):
     bucket: str = Field(description="canonical label, e.g. x=8x3x48x192")
     shapes: dict[str, list[int | str]] = Field(
@@ -38,7 +45,7 @@ class Bucket(BaseModel):
     )
     engine: str = Field(
         description="the engine serving it: onnxruntime, tvm, tvm-tuned, openvino, or a reduced precision's "
-        "(openvino-bf16, openvino-f16, openvino-f16-weights) where the model's precision contract allows"
+        "(tvm-bf16, openvino-bf16, openvino-f16, openvino-f16-weights) where the model's precision contract allows"
     )
     latency_ms: dict[str, float] = Field(description="measured median latency per verified engine")
     routed_by: Literal["latency", "throughput"] = Field(
@@ -68,6 +75,11 @@ class Bucket(BaseModel):
         None,
         description="per OpenVINO engine (openvino in fp32; openvino-bf16 and the like where the model's precision "
         "contract allows), its build for the bucket: none before the bucket is routed, or where OpenVINO is off",
+    )
+    tvm_bf16: Bf16KernelDescription | None = Field(
+        None,
+        description="TVM's bf16 kernel of the bucket where the model's precision contract allows bf16 (compiled on "
+        "a CPU with AVX512-BF16 or AMX): verified within the contract's budget, or why it cannot serve",
     )
     hits: int = Field(description="requests served from this bucket")
     traffic: float = Field(

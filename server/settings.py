@@ -210,10 +210,18 @@ class Settings(CompileSettings):
 
     routing: Literal["measured", "compiled"] = "measured"
     """``measured``: each bucket is served by its fastest verified engine, timed on the bucket;
-    ``compiled``: by its verified TVM kernel whenever there is one (else OpenVINO where it verified)."""
+    ``compiled``: by its verified TVM kernel whenever there is one, its bf16 one first where the precision
+    contract allows it (else OpenVINO where it verified)."""
 
     routing_runs: int = Field(10, ge=1)
     """Timed runs per engine when a bucket is routed (the median decides)."""
+
+    tvm_bf16: Literal["unit", "always", "off"] = "unit"
+    """TVM's bf16 tier, for a model whose precision contract allows ``bf16``: each CPU bucket compiled once
+    more with its matmuls and convs by weights in bf16 (float32 sums), verified within the contract's
+    budget, and routed to where it measures fastest. ``unit``: on a CPU with AVX512-BF16 or AMX only;
+    ``always``: on any CPU (without the unit the same bf16 products are widened and summed on the FMA units:
+    for checking the tier on such a machine); ``off``: never."""
 
     tuning_enabled: bool = True
     """Tune the busiest ready buckets with MetaSchedule in the background."""

@@ -118,6 +118,9 @@ class CompileOptions(BaseModel):
 
     @property
     def tier(self) -> str:
+        """The engine its kernel is: ``tvm``, ``tvm-tuned`` or ``tvm-bf16``."""
+        if self.precision != "fp32":
+            return f"tvm-{self.precision}"
         return "tvm-tuned" if self.tune_trials else "tvm"
 
     def key_options(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -120,12 +121,15 @@ def transform_output_name(index: int) -> str:
 class TransformedWeights:
     """What kernels' lifted transforms computed from one model version's weights, once per distinct output
     (its digest in the manifest's ``weight_outputs``): every bucket whose kernel reads a weight in the same
-    layout shares one copy of it, and a further bucket computes only what is its own. ``computed`` hears
-    of each kernel's transform (its input weights, all its results) once its missing outputs are computed."""
+    layout shares one copy of it, and a further bucket computes only what is its own. An output is let go
+    of with the last kernel holding it (``release``): a kernel measured slower and dropped (a bf16 one, a
+    tuned one that lost) leaves nothing of its own behind. ``computed`` hears of each kernel's transform
+    (its input weights, all its results) once its missing outputs are computed."""
 
     def __init__(self, computed: Callable[[list, list], None] | None = None) -> None:
         self._by_digest: dict[str, object] = {}
         self._bytes: dict[str, int] = {}
+        self._holders: dict[str, int] = {}
         self._lock = threading.Lock()
         self._computed = computed
 
@@ -157,9 +161,22 @@ class TransformedWeights:
                     self._bytes[digest] = 0 if result.data_ptr() in passed else tensor_bytes(result)
                     computed = True
             results = [self._by_digest[digest] for digest in digests]
+            for digest in digests:
+                self._holders[digest] = self._holders.get(digest, 0) + 1
             if computed and self._computed is not None:
                 self._computed(weights, results)
             return results
+
+    def release(self, digests: list[str]) -> None:
+        """A kernel that took ``digests`` (by :meth:`get`) is gone: what no other kernel holds is let go of."""
+        with self._lock:
+            for digest in digests:
+                held = self._holders.get(digest, 0) - 1
+                if held > 0:
+                    self._holders[digest] = held
+                    continue
+                for table in (self._holders, self._by_digest, self._bytes):
+                    table.pop(digest, None)
 
 
 def tensor_bytes(tensor) -> int:
@@ -228,7 +245,10 @@ class TvmEngine:
         # panels stayed resident after its delete).
         vm = relax.VirtualMachine(self._module, self._device, memory_cfg="naive")
         pool = shared if sharing else TransformedWeights()
-        return pool.get(digests, lambda i: vm[transform_output_name(i)](weights), weights)
+        results = pool.get(digests, lambda i: vm[transform_output_name(i)](weights), weights)
+        if sharing:
+            weakref.finalize(self, pool.release, digests)
+        return results
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensor = self._tvm.runtime.tensor

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnxruntime.quantization import QuantFormat
 
+from compiler.building.matrix_units import host_matrix_units
 from compiler.models.model import load_model
 from compiler.running.engines import OrtEngine
 from compiler.running.openvino_engine import openvino_capabilities
@@ -143,8 +144,11 @@ def test_a_precision_contract_lets_a_reduced_precision_compete_within_its_budget
             assert bucket["state"] == "ready", bucket
             # bf16 arithmetic competes too where the CPU has it (AMX or AVX512-BF16), and verifies within the budget.
             bf16_here = "BF16" in openvino_capabilities()
-            measured = {"onnxruntime", "tvm", "openvino", "openvino-f16-weights"} | (
-                {"openvino-bf16"} if bf16_here else set()
+            tvm_bf16_here = host_matrix_units().unit("bf16") is not None  # TVM's bf16 tier (tvm_bf16: unit)
+            measured = (
+                {"onnxruntime", "tvm", "openvino", "openvino-f16-weights"}
+                | ({"openvino-bf16"} if bf16_here else set())
+                | ({"tvm-bf16"} if tvm_bf16_here else set())
             )
             assert set(bucket["latency_ms"]) == measured
             assert bucket["engine"] == min(bucket["latency_ms"], key=bucket["latency_ms"].get)

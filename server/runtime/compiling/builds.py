@@ -24,7 +24,7 @@ from compiler.storage.store import COMPILER_VERSION
 from ...settings import Settings
 from ..memory.kernel_cache import Kernels
 from ..models.registry import ServedModel
-from ..models.state import BucketState, CompileEvent, ServedBucket, TuningState, TuningStatus
+from ..models.state import BF16_TIER, BucketState, CompileEvent, ServedBucket, TuningState, TuningStatus
 from ..observability.metrics import Metrics
 from .openvino_builds import OPENVINO
 from .progress import TuningWatch
@@ -59,6 +59,25 @@ def integer_refusal(served: ServedModel) -> str | None:
     if contract is None or "int8" not in contract.allow:
         return "its integer rounding is not ONNX Runtime's: a precision contract that allows int8 lets it compete"
     return None
+
+
+def bf16_refusal(served: ServedModel, bucket: ServedBucket, mode: str) -> str | None:
+    """Why the bucket gets no TVM bf16 kernel though its model's contract allows bf16; None where it does
+    (``mode``: the ``tvm_bf16`` setting)."""
+    if mode == "off":
+        return "TVM's bf16 tier is off (tvm_bf16)"
+    if target_kind(served.target) != "llvm":
+        return "TVM's bf16 kernels are CPU kernels"
+    if bucket.symbolic:
+        return "the dynamic tier compiles fp32 kernels only"
+    if served.model.integer_ops:
+        return "a quantized graph's contractions are computed in integers"
+    return host_matrix_units().missing("bf16") if mode == "unit" else None
+
+
+def wants_bf16(served: ServedModel) -> bool:
+    contract = served.record.config.precision
+    return contract is not None and "bf16" in contract.allow
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,8 @@ class BucketBuilder:
                 if built.outcome.cached and self.router.restore(served, bucket):
                     return
                 candidates["tvm"] = self.kernels.open(served, bucket.key)
+            if wants_bf16(served):
+                candidates.update(self._bf16(served, bucket))
         openvino = self._openvino(served, bucket)
         candidates.update(openvino)
         if not candidates:
@@ -166,8 +187,8 @@ class BucketBuilder:
                 bucket.fail(self._with_openvino_failure(bucket, failure))
             return
         route = self.router.route(served, bucket, candidates, unavailable=failure)
-        for name in openvino:
-            if name != route:
+        for name in [*openvino, BF16_TIER]:
+            if name != route and name in candidates:
                 self.kernels.drop(served, bucket.key_for(name))  # measured slower: its memory goes back
 
     def _compile_tvm(self, served: ServedModel, bucket: ServedBucket) -> TierBuild:
@@ -193,6 +214,34 @@ class BucketBuilder:
         except JitServeError as exc:  # its weights do not fit the kernel: never served
             return dataclasses.replace(built, failure=str(exc))
         return built
+
+    def _bf16(self, served: ServedModel, bucket: ServedBucket) -> dict[str, Engine]:
+        """TVM's bf16 kernel of the bucket, verified within the contract's budget and loaded, as a routing
+        candidate; nothing where it cannot serve (``bucket.bf16`` says why)."""
+        refusal = bf16_refusal(served, bucket, self.settings.tvm_bf16)
+        if refusal:
+            bucket.bf16 = {"failure": f"not compiled: {refusal}"}
+            return {}
+        contract = served.record.config.precision
+        options = served.options.model_copy(update={"precision": "bf16", "budget": contract.budget})
+        built = self._build(served, bucket, options)
+        if built.outcome is None:
+            bucket.bf16 = {"failure": built.failure}
+            return {}
+        manifest = built.outcome.manifest
+        facts = {"key": manifest.key, "verification": manifest.verification}
+        in_bf16 = [name for name in manifest.schedules or {} if "bf16" in name]
+        failure = built.failure or (None if in_bf16 else "no matmul or conv by a weight of this bucket is in bf16")
+        if failure is None:
+            try:
+                self.kernels.load(served, manifest.key)
+                bucket.bf16 = {**facts, "kernels_in_bf16": len(in_bf16)}
+                return {BF16_TIER: self.kernels.open(served, manifest.key)}
+            except JitServeError as exc:
+                failure = str(exc)
+        log.warning("%s %s: %s: %s", served.name, bucket.label, BF16_TIER, failure)
+        bucket.bf16 = {**facts, "failure": failure}
+        return {}
 
     def _openvino(self, served: ServedModel, bucket: ServedBucket) -> dict[str, Engine]:
         """OpenVINO built, verified and held for the bucket where it is enabled, in fp32 and in each reduced
@@ -270,7 +319,8 @@ class BucketBuilder:
                 tier: self.kernels.open(served, key)
                 for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
             }
-            held = self.kernels.get(served, bucket.key_for(serving) or "") if serving.startswith(OPENVINO) else None
+            held_apart = serving.startswith(OPENVINO) or serving == BF16_TIER  # tiers the tuned kernel may replace
+            held = self.kernels.get(served, bucket.key_for(serving) or "") if held_apart else None
             if held is not None:  # built and held: it serves the bucket now, and is timed as it is
                 candidates[serving] = held
             routed = self.router.route(served, bucket, candidates)

@@ -19,7 +19,7 @@ from compiler.storage.store import KernelStore
 from ...settings import Settings
 from ..models.records import BucketRecord, ModelStore
 from ..models.registry import ServedModel
-from ..models.state import ServedBucket
+from ..models.state import BF16_TIER, ServedBucket
 from ..observability.metrics import Metrics
 
 log = logging.getLogger("jitserve")
@@ -67,7 +67,7 @@ class Router:
         throughput = None
         concurrency = min(bucket.peak_concurrency, self.settings.inference_threads)
         if self.settings.routing == "compiled":
-            route = next((e for e in ("tvm-tuned", "tvm", "openvino") if e in allowed), "onnxruntime")
+            route = next((e for e in (BF16_TIER, "tvm-tuned", "tvm", "openvino") if e in allowed), "onnxruntime")
         elif concurrency >= 2 and len(allowed) > 1:
             # Requests arrive side by side: one request's latency would favour a kernel that uses
             # every core over ONNX Runtime sessions that serve callers in parallel.
@@ -179,7 +179,10 @@ class Router:
         known = served.record.buckets.get(bucket.label)
         if known is None or known.key != bucket.key or known.route is None:
             return False
+        if known.route == BF16_TIER and self.settings.tvm_bf16 == "off":
+            return False  # turned off since: routed again among the rest
         bucket.set_tuning(known.tuning, tuned_key=known.tuned_key)
+        bucket.bf16 = known.bf16
         routed_key = bucket.key_for(known.route)
         manifest = self.artifacts.get(routed_key) if routed_key else None
         if known.route != "onnxruntime" and (manifest is None or manifest.verified is not True):
@@ -212,6 +215,7 @@ class Router:
             demoted=bucket.demoted,
             tuned_key=bucket.tuned_key,
             tuning=bucket.tuning,
+            bf16=bucket.bf16,
             history=bucket.history,
         )
         self.models.update_bucket(served.record, bucket.label)

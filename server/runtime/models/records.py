@@ -110,8 +110,15 @@ class BucketRecord(BaseModel):
     """Kernel key -> why a shadow check took it off the bucket: never routed again."""
     tuned_key: str | None = None
     tuning: TuningStatus | None = None
+    bf16: dict | None = None
+    """TVM's bf16 kernel of the bucket: its key and verification, or why it cannot serve."""
     history: list[CompileEvent] = Field(default_factory=list)
     """Its compiles, oldest first (the last few)."""
+
+    @property
+    def stored_keys(self) -> list[str]:
+        """The store keys of its compiled kernels: fp32, tuned, bf16."""
+        return [key for key in (self.key, self.tuned_key, (self.bf16 or {}).get("key")) if key]
 
     @field_validator("tuning", mode="before")
     @classmethod

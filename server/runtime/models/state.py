@@ -69,6 +69,8 @@ class CompileEvent(BaseModel):
 
 HISTORY_LENGTH = 20
 """Compiles remembered per bucket, newest last."""
+BF16_TIER = "tvm-bf16"
+"""The engine name of a bucket's TVM kernel in bf16 (``compiler/tvm/bf16.py``), beside ``tvm`` and ``tvm-tuned``."""
 
 
 class TuningStatus(BaseModel):
@@ -190,6 +192,9 @@ class ServedBucket:
         self.padded_error: dict[str, float] = {}
         """Per kernel, its largest difference from ONNX Runtime on the bucket's most padded request."""
         self.tuned_key: str | None = None
+        self.bf16: dict | None = None
+        """TVM's bf16 tier where the model's precision contract allows bf16: its kernel's key and verification,
+        or why it cannot serve (:data:`BF16_TIER`)."""
         self.openvino: dict[str, dict] | None = None
         """Per OpenVINO engine (``openvino``, and a reduced precision's): its build's key, bytes, precision and
         verification, or why it cannot serve."""
@@ -341,8 +346,14 @@ class ServedBucket:
             return None
         return self.key_for(self.route)
 
+    @property
+    def stored_keys(self) -> list[str]:
+        """The store keys of its compiled kernels: fp32, tuned, bf16."""
+        return [key for key in (self.key, self.tuned_key, (self.bf16 or {}).get("key")) if key]
+
     def key_for(self, engine: str | None) -> str | None:
-        compiled = {"tvm": self.key, "tvm-tuned": self.tuned_key}.get(engine or "")
+        bf16 = (self.bf16 or {}).get("key")
+        compiled = {"tvm": self.key, "tvm-tuned": self.tuned_key, BF16_TIER: bf16}.get(engine or "")
         return compiled or ((self.openvino or {}).get(engine or "") or {}).get("key")
 
     def describe(self) -> dict:
@@ -362,6 +373,7 @@ class ServedBucket:
                 "compile_seconds": self.compile_seconds,
                 "kernel": self.key,
                 "openvino": {engine: dict(facts) for engine, facts in self.openvino.items()} if self.openvino else None,
+                "tvm_bf16": dict(self.bf16) if self.bf16 else None,
                 "hits": self.traffic.hits,
                 "traffic": round(self.traffic.heat(time.monotonic()), 3),
                 "warm": self.warm,

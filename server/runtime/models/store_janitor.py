@@ -59,11 +59,11 @@ class StoreJanitor:
         for record in self.models.current_records():
             weights.add(record.digest)
             for bucket in record.buckets.values():
-                kernels.update(key for key in (bucket.key, bucket.tuned_key) if key)
+                kernels.update(bucket.stored_keys)
         for served in self.served():
             weights.add(served.record.digest)
             for bucket in served.all_buckets():
-                kernels.update(key for key in (bucket.key, bucket.tuned_key) if key)
+                kernels.update(bucket.stored_keys)
         return kernels, weights
 
     def sweep(self) -> list[Removal]:

@@ -66,8 +66,13 @@ def test_a_further_bucket_computes_only_its_own_weights_and_each_answers_right(c
         if fact["digest"] != other["digest"]
     )
     assert transformed[1] - transformed[0] == own  # the second bucket's own outputs, nothing it shares
-    described = pool.find(model.digest, "llvm").describe()
-    assert described["transformed_bytes"] == transformed[1]
+    loaded = pool.find(model.digest, "llvm")
+    assert loaded.describe()["transformed_bytes"] == transformed[1]
+    # Each output goes with the last kernel holding it: the second bucket's own first, then the rest.
+    engines.pop()
+    assert loaded.transformed.nbytes == transformed[0]
+    engines.pop()
+    assert loaded.transformed.nbytes == 0 and loaded.transformed.count == 0
 
 
 def test_a_kernel_past_the_bound_on_transformed_weights_is_refused(compiled):
