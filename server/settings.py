@@ -220,8 +220,8 @@ class Settings(CompileSettings):
     """TVM's bf16 tier, for a model whose precision contract allows ``bf16``: each CPU bucket compiled once
     more with its matmuls and convs by weights in bf16 (float32 sums), verified within the contract's
     budget, and routed to where it measures fastest. ``unit``: on a CPU with AVX512-BF16 or AMX only;
-    ``always``: on any CPU (without the unit the same bf16 products are widened and summed on the FMA units:
-    for checking the tier on such a machine); ``off``: never."""
+    ``always``: on any CPU (without the unit the same bf16 products are widened and summed by unscheduled
+    loops, many times slower: for checking the tier on such a machine); ``off``: never."""
 
     tuning_enabled: bool = True
     """Tune the busiest ready buckets with MetaSchedule in the background."""
