@@ -137,8 +137,9 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
     all of it: every integer op a ``DynamicQuantizeLinear`` or a ``MatMulInteger`` by a constant 2-D int8
     or uint8 weight of even depth, with a per-tensor zero point on its activation (a dynamically quantized
     transformer, as ``onnxruntime.quantization.quantize_dynamic`` makes them); in a static QDQ graph
-    (``quantize_static``), at least one conv computed in integers (:func:`_integer_conv`), the rest as the
-    graph spells it in float. A QOperator graph is judged in its QDQ spelling (:mod:`compiler.models.qoperator`)."""
+    (``quantize_static``), at least one conv or matmul by a weight computed in integers (:func:`_integer_conv`,
+    :func:`_integer_matmul`), the rest as the graph spells it in float. A QOperator graph is judged in its
+    QDQ spelling (:mod:`compiler.models.qoperator`)."""
     model = qoperator_as_qdq(model) or model  # QLinearConv and the like, as the QDQ they mean
     ops = integer_ops(model)
     others = [op for op in ops if op not in _COMPILED_INTEGER_OPS]
@@ -147,10 +148,12 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
     graph = model.graph
     producers = {output: node for node in graph.node for output in node.output}
     constants = {tensor.name: tensor for tensor in graph.initializer}
-    if "QuantizeLinear" in ops and not any(_integer_conv(node, producers, constants) for node in graph.node):
+    kept = (integer(node, producers, constants) for node in graph.node for integer in (_integer_conv, _integer_matmul))
+    if "QuantizeLinear" in ops and not any(kept):
         return (
-            "no conv of this QDQ graph is computed in integers by the compiled tier (one group, an int8 weight, "
-            f"channels in whole blocks of {CONV_CHANNEL_BLOCK})"
+            "no conv or matmul of this QDQ graph is computed in integers by the compiled tier (a conv: one group, "
+            f"an int8 weight, channels in whole blocks of {CONV_CHANNEL_BLOCK}; a matmul: by a 2-D int8 or uint8 "
+            "weight of even depth)"
         )
     for node in graph.node:
         if node.op_type != "MatMulInteger":
@@ -164,6 +167,20 @@ def integer_path_refusal(model: onnx.ModelProto) -> str | None:
         if zero is not None and zero.size != 1:
             return f"MatMulInteger {node.name or node.output[0]!r} has a zero point per row of its activation"
     return None
+
+
+def _integer_matmul(node: onnx.NodeProto, producers: dict, constants: dict) -> bool:
+    """Whether ``node`` is a QDQ matmul ``compiler.tvm.integer_matmul`` computes in integers: a MatMul of a
+    dequantized activation by a dequantized constant 2-D int8 or uint8 weight of even depth."""
+    if node.op_type != "MatMul" or len(node.input) != 2:
+        return False
+    activation, weight = (producers.get(name) for name in node.input)
+    if activation is None or weight is None:
+        return False
+    if activation.op_type != "DequantizeLinear" or weight.op_type != "DequantizeLinear":
+        return False
+    value = _constant(weight.input[0], constants, producers)
+    return value is not None and value.dtype in (np.int8, np.uint8) and value.ndim == 2 and value.shape[0] % 2 == 0
 
 
 def _integer_conv(node: onnx.NodeProto, producers: dict, constants: dict) -> bool:

@@ -144,6 +144,71 @@ class _IntegerMatmuls(relax.PyExprMutator):
         return value.value.numpy() if isinstance(value, tvm.ir.GenericConst) else None
 
 
+def _per_tensor(expr: relax.Expr) -> bool:
+    return _static(expr) in ([], [1])
+
+
+@relax.expr_functor.mutator
+class _QuantizedMatmuls(relax.PyExprMutator):
+    """A QDQ graph's ``matmul(dequantize(q, sx, zx), dequantize(W, sw, zw))`` spelled as ``MatMulInteger``'s
+    imported form, ``matmul(astype(u, int32) - zu, astype(W, int32) - zw)`` in int32, times ``sx * sw``:
+    which :class:`_IntegerMatmuls` then computes on panels. An int8 ``q`` enters as the uint8 ``u = q + 128``
+    with ``zu = zx + 128`` (the same differences), so that bytes can take it where they sum exactly."""
+
+    def __init__(self, mod: tvm.ir.IRModule) -> None:
+        super().__init__(mod)
+        self.rewritten = 0
+
+    def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if getattr(getattr(value, "op", None), "name", "") != "relax.dequantize":
+            return None
+        return value if value.args[0].ty.dtype in ("int8", "uint8") else None
+
+    def _weight_zero(self, expr: relax.Expr, columns: int) -> np.ndarray | None:
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if not isinstance(value, tvm.ir.GenericConst):
+            return None
+        zero = value.value.numpy().astype(np.int32)
+        return zero.reshape(()) if zero.size == 1 else (zero if zero.shape == (columns,) else None)
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "float32":
+            return call
+        activation, weight = (self._dequantized(arg) for arg in call.args)
+        if activation is None or weight is None or not isinstance(weight.args[0], tvm.ir.GenericConst):
+            return call
+        shape = _static(weight.args[0])
+        if shape is None or len(shape) != 2 or shape[0] % 2 or _static(activation.args[0]) is None:
+            return call
+        (x_scale, x_zero), (w_scale, w_zero) = activation.args[1:], weight.args[1:]
+        per_column = _static(w_scale) == [shape[1]] and int(weight.attrs.axis) in (1, -1)
+        if not (_per_tensor(x_scale) and _per_tensor(x_zero) and (_per_tensor(w_scale) or per_column)):
+            return call
+        zero = self._weight_zero(w_zero, shape[1])
+        if zero is None:
+            return call
+        emit, quantized = self.builder_.emit, activation.args[0]
+        shift = 128 if quantized.ty.dtype == "int8" else 0
+        unsigned = emit(relax.op.astype(relax.op.add(relax.op.astype(quantized, "int16"), relax.const(shift, "int16")),
+                                        "uint8"))  # fmt: skip
+        x_zero = emit(relax.op.add(relax.op.astype(relax.op.reshape(x_zero, []), "int32"), relax.const(shift, "int32")))
+        x = emit(relax.op.subtract(emit(relax.op.astype(unsigned, "int32")), x_zero))
+        w = emit(relax.op.subtract(emit(relax.op.astype(weight.args[0], "int32")), relax.const(zero, "int32")))
+        sums = emit(relax.op.matmul(x, w, out_dtype="int32"))
+        scale = emit(relax.op.multiply(relax.op.reshape(x_scale, []), w_scale))
+        self.rewritten += 1
+        return self.builder_.normalize(relax.op.multiply(relax.op.astype(sums, "float32"), scale))
+
+
+def quantized_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
+    """``mod`` with every float matmul of a QDQ graph's dequantized activation (per tensor) by a dequantized
+    constant 2-D int8 or uint8 weight of even depth (per tensor, or per column) spelled as an integer one
+    (:class:`_QuantizedMatmuls`), and how many it rewrote. Run before :func:`integer_matmuls`."""
+    return rewrite_main(mod, lambda _main: _QuantizedMatmuls(mod))
+
+
 def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
     """A ``K x N`` weight (K a multiple of ``group``) as ``(N/8, K/group, 8, group)`` panels, zeros past N.
     Computed here for a constant: folded by TVM, each of BERT-base's 72 took a compile of its own

@@ -43,7 +43,7 @@ from tvm.target.codegen import llvm_cpu_has_features
 from .bf16 import bf16_convs, bf16_matmuls, wants_bf16
 from .channel_padding import pad_channels_to_blocks
 from .integer_conv import dequantize_as_elementwise, integer_convs, quantize_as_elementwise, quantized_convs
-from .integer_matmul import integer_matmuls
+from .integer_matmul import integer_matmuls, quantized_matmuls
 from .intrinsics import VNNI_UNITS, target_units
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
@@ -380,7 +380,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
             exact_bytes = bool(set(VNNI_UNITS) & set(target_units(target)))  # vpdpbusd sums bytes into int32
-            mod = integer_matmuls(mod, exact_bytes=exact_bytes)[0]
+            mod = integer_matmuls(quantized_matmuls(mod)[0], exact_bytes=exact_bytes)[0]
             mod = quantized_convs(mod, block, exact_bytes=exact_bytes)[0]
         bf16 = wants_bf16(mod)
         mod = _rewritten(mod, _ALWAYS)

@@ -37,6 +37,15 @@ def dynamic_quantized_encoder(directory: Path, *, reduce_range: bool = False) ->
     return target.read_bytes()
 
 
+def static_quantized_encoder(directory: Path) -> bytes:
+    """The encoder quantized statically in QDQ (``quantize_static``): every MatMul between dequantized int8
+    operands, its projections' weights int8 constants with a scale per column."""
+    source, target = directory / "encoder.onnx", directory / "encoder_qdq.onnx"
+    source.write_bytes(synthetic.bert_encoder_model(layers=1, hidden=64, heads=4, seq=16))
+    quantize_static(str(source), str(target), _Images((1, 16, 64)), quant_format=QuantFormat.QDQ, per_channel=True)
+    return target.read_bytes()
+
+
 def static_quantized_convnet(directory: Path, quant_format: QuantFormat) -> bytes:
     source, target = directory / "convnet.onnx", directory / f"convnet_{quant_format.name}.onnx"
     source.write_bytes(convnets.residual_model())
@@ -116,6 +125,13 @@ def test_a_dynamically_quantized_encoder_is_kept_in_integers_by_the_compiled_tie
     assert model.integer_refusal is None
 
 
+def test_a_statically_quantized_encoder_is_kept_in_integers(tmp_path):
+    """Its projections by int8 weights (compiler/tvm/integer_matmul.py); its attention's matmuls of two
+    activations run in float, as the graph spells them."""
+    model = load_model(static_quantized_encoder(tmp_path), max_bytes=1 << 26)
+    assert model.integer_ops == ("QuantizeLinear",) and model.integer_refusal is None
+
+
 @pytest.mark.parametrize("quant_format", [QuantFormat.QDQ, QuantFormat.QOperator])
 def test_a_statically_quantized_convnet_is_kept_in_integers(tmp_path, quant_format):
     """Its convs of 16 and 64 channels (compiler/tvm/integer_conv.py); a QOperator one in its QDQ spelling."""
@@ -149,7 +165,7 @@ def test_a_qdq_graph_with_no_conv_in_whole_channel_blocks_says_so(tmp_path):
     source.write_bytes(convnets.residual_model(width=12))
     quantize_static(str(source), str(target), _Images((1, 3, 56, 56)), quant_format=QuantFormat.QDQ)
     refusal = load_model(target.read_bytes(), max_bytes=1 << 26).integer_refusal
-    assert refusal is not None and "no conv of this QDQ graph is computed in integers" in refusal
+    assert refusal is not None and "no conv or matmul of this QDQ graph is computed in integers" in refusal
 
 
 def test_the_bench_names_each_engines_arithmetic(tmp_path):

@@ -115,3 +115,76 @@ def test_the_integer_kernel_saturates_bytes_only_where_every_pair_fits(mcpu, bit
     _, asm = scheduled_kernel(mod, target, "integer_matmul", IntegerContraction)
     assert instruction_lines(asm, instruction)
     assert bool(instruction_lines(asm, "vpmaddubsw")) == (instruction == "vpmaddubsw")
+
+
+def _qdq_matmul(shape, weight: np.ndarray, w_scale: np.ndarray, w_zero: np.ndarray, *, x_zero: np.ndarray,
+                x_scale: float) -> onnx.ModelProto:  # fmt: skip
+    """``y = MatMul(DQ(Q(x)), DQ(W)) + b``: the QDQ form ``quantize_static`` writes for a transformer's
+    projections, the weight's scale and zero point per column (axis 1)."""
+    zero_type = TensorProto.UINT8 if x_zero.dtype == np.uint8 else TensorProto.INT8
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["wd"], axis=1),
+        helper.make_node("MatMul", ["xd", "wd"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["y"]),
+    ]
+    initializers = [
+        helper.make_tensor("x_scale", TensorProto.FLOAT, [], [x_scale]),
+        helper.make_tensor("x_zero", zero_type, [], [int(x_zero)]),
+        numpy_helper.from_array(weight, "w"),
+        numpy_helper.from_array(w_scale, "w_scale"),
+        numpy_helper.from_array(w_zero, "w_zero"),
+        numpy_helper.from_array(np.linspace(-1, 1, weight.shape[1]).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(nodes, "qdq_matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+# int8 and uint8 activations (an int8 one enters shifted to uint8), int8 and uint8 weights, 8-bit and 7-bit.
+@pytest.mark.parametrize(("activation", "weights", "bits", "instruction"), [
+    ("int8", "int8", 8, "vpmaddwd"),
+    ("uint8", "uint8", 8, "vpmaddwd"),
+    ("int8", "int8", 7, "vpmaddubsw"),
+])  # fmt: skip
+def test_a_qdq_matmul_by_a_weight_sums_exactly_in_integers(activation, weights, bits, instruction):
+    shape, depth, columns, x_scale = (2, 5, 32), 32, 24, 0.05
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 3, shape).astype(np.float32)
+    x[0, 0], x[0, 1] = 1e3, -1e3  # clipped to the type's ends
+    x_zero = np.array(7 if activation == "int8" else 131, activation)
+    low, high = (-128, 127) if bits == 8 else (-64, 64)
+    centred = rng.integers(low, high + 1, (depth, columns))
+    centred[:, 0] = low
+    w_zero = (np.full(columns, 128) if weights == "uint8" else np.zeros(columns, int)).astype(weights)
+    weight = (centred + w_zero.astype(int)).astype(weights)
+    w_scale = rng.uniform(0.001, 0.01, columns).astype(np.float32)
+    model = _qdq_matmul(shape, weight, w_scale, w_zero, x_zero=x_zero, x_scale=x_scale)
+    observed: dict = {}
+    executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET, observed=observed)
+    assert "IntegerContraction" in observed["schedules"].values()
+    assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    limits = np.iinfo(x_zero.dtype)
+    quantized = np.clip(np.round(x / np.float32(x_scale)) + int(x_zero), limits.min, limits.max).astype(np.int64)
+    sums = (quantized - int(x_zero)) @ centred.astype(np.int64)
+    want = sums * (np.float64(x_scale) * w_scale.astype(np.float64)) + np.linspace(-1, 1, columns)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_only_qdq_matmuls_by_even_deep_weights_are_rewritten():
+    from compiler.tvm.integer_matmul import quantized_matmuls
+
+    for depth, rewritten in ((32, 1), (33, 0)):
+        weight = np.ones((depth, 8), np.int8)
+        model = _qdq_matmul(
+            (1, 4, depth),
+            weight,
+            np.ones(8, np.float32),
+            np.zeros(8, np.int8),
+            x_zero=np.array(0, np.int8),
+            x_scale=0.1,
+        )
+        mod = import_relax(model, {"x": (1, 4, depth)}, {"x": "float32"})
+        assert quantized_matmuls(mod)[1] == rewritten
