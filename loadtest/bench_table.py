@@ -72,6 +72,11 @@ MODELS = {
         ["input_ids=1,128;attention_mask=1,128", "input_ids=8,128;attention_mask=8,128"],
         ["--cosine", "0.99"],
     ),
+    "zoo: bert_base int8 (QDQ)": (
+        "zoo:bert_base_int8_qdq",
+        ["input_ids=1,128;attention_mask=1,128", "input_ids=8,128;attention_mask=8,128"],
+        ["--cosine", "0.99"],
+    ),
 }
 assert {f"zoo: {name}" for name in TRANSFORMERS} <= set(MODELS)
 

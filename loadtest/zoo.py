@@ -73,11 +73,13 @@ def zoo_path(name: str) -> Path:
 
 # Quantized variants: name -> (the zoo model it quantizes, how). Made by ONNX Runtime's own quantizer in the
 # main environment (``quantized``; the zoo's torch environment has no onnxruntime), as users make theirs:
-# ResNet-50 statically in QDQ form (per-channel int8 weights, int8 activations, calibrated on 4 random
-# images), BERT-base dynamically (int8 weights, uint8 activations quantized per request).
+# ResNet-50 and BERT-base statically in QDQ form (per-channel int8 weights, int8 activations, calibrated on 4
+# random inputs: images, or token ids with a full attention mask), BERT-base dynamically too (int8 weights,
+# uint8 activations quantized per request).
 QUANTIZED: dict[str, tuple[str, str]] = {
     "resnet50_int8_qdq": ("resnet50", "static"),
     "bert_base_int8_dynamic": ("bert_base", "dynamic"),
+    "bert_base_int8_qdq": ("bert_base", "static"),
 }
 
 
@@ -94,17 +96,24 @@ def quantized(name: str) -> Path:
     if how == "dynamic":
         quantize_dynamic(str(zoo_path(source)), str(partial))
     else:
-        shape = ARCHITECTURES[source][2]
+        inputs = ZOO_MODELS[source]
 
-        class Images(CalibrationDataReader):
+        def sample(rng, name: str, shape: tuple[int, ...]) -> np.ndarray:
+            if name == "input_ids":
+                return rng.integers(0, 1000, shape).astype(np.int64)
+            if name == "attention_mask":
+                return np.ones(shape, np.int64)
+            return rng.standard_normal(shape).astype(np.float32)
+
+        class Samples(CalibrationDataReader):
             def __init__(self) -> None:
                 rng = np.random.default_rng(0)
-                self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+                self.batches = iter([{n: sample(rng, n, shape) for n, shape in inputs.items()} for _ in range(4)])
 
             def get_next(self) -> dict | None:
                 return next(self.batches, None)
 
-        quantize_static(str(zoo_path(source)), str(partial), Images(), quant_format=QuantFormat.QDQ, per_channel=True)
+        quantize_static(str(zoo_path(source)), str(partial), Samples(), quant_format=QuantFormat.QDQ, per_channel=True)
     partial.replace(path)
     return path
 

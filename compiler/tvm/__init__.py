@@ -50,8 +50,9 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # panels, tensorized into the CPU's int16 pair products; a whole tensor reduced to one value in vector partials;
 # 38: a QDQ conv over int8 operands computed as a channel-blocked int16 conv tensorized into int16 pair products,
 # a per-tensor quantize and dequantize as the elementwise ops they are; integer products on VNNI's vpdpwssd
-# and vpdpbusd where the target has them, bytes by any int8 weight there).
-COMPILER_VERSION = "38"
+# and vpdpbusd where the target has them, bytes by any int8 weight there); 39: a QDQ matmul by a constant int8
+# weight computed on panels as a MatMulInteger, its int8 activation shifted to uint8.
+COMPILER_VERSION = "39"
 
 
 @functools.cache
