@@ -174,3 +174,10 @@ def wait_until(predicate, timeout: float = 180, interval: float = 0.25, what: st
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out waiting for {what}")
+
+
+def delete_and_wait_released(client, model: str) -> None:
+    """DELETE the model, then wait until the kernel cache holds nothing (a delete leaves nothing behind)."""
+    assert client.delete(f"/models/{model}").status_code in (200, 204)
+    wait_until(lambda: metric_value(client.get("/metrics").text, "jitserve_kernel_cache_entries") == 0,
+               timeout=30, what="the cache emptied by the delete")  # fmt: skip

@@ -10,7 +10,7 @@ import numpy as np
 from compiler.building.matrix_units import host_matrix_units
 from compiler.running.engines import OrtEngine
 from tests import convnets
-from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.integration.serverproc import ServerProcess, delete_and_wait_released, metric_value
 from tests.integration.test_serving import predict, settled_bucket, upload
 
 IMAGES = {"axes": {"N": {"kind": "pow2", "min": 1, "max": 2}}, "warm_buckets": [{"x": [1, 3, 56, 56]}]}
@@ -57,9 +57,7 @@ def test_a_bf16_contract_compiles_routes_and_restores_a_bf16_kernel(tmp_path):
             again = predict(client, "res", _image())
             assert again["engine"] == "tvm-bf16" and again["outputs"] == answer["outputs"]
             assert metric_value(client.get("/metrics").text, "jitserve_compiles_total", model="res") == 0
-            assert client.delete("/models/res").status_code in (200, 204)
-            wait_until(lambda: metric_value(client.get("/metrics").text, "jitserve_kernel_cache_entries") == 0,
-                       timeout=30, what="the cache emptied by the delete")  # fmt: skip
+            delete_and_wait_released(client, "res")
     finally:
         server.stop()
 

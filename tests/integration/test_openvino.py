@@ -15,7 +15,7 @@ from compiler.running.engines import OrtEngine
 from compiler.running.openvino_engine import openvino_capabilities
 from tests import convnets
 from tests.compiler.test_quantized import dynamic_quantized_encoder, static_quantized_convnet
-from tests.integration.serverproc import ServerProcess, metric_value, wait_until
+from tests.integration.serverproc import ServerProcess, delete_and_wait_released, metric_value
 from tests.integration.test_serving import predict, settled_bucket, upload
 
 pytest.importorskip("openvino")
@@ -60,9 +60,7 @@ def test_three_engines_are_timed_and_the_fastest_verified_one_serves(tmp_path):
             # build was let go if it lost. A delete leaves nothing.
             held = metric_value(text, "jitserve_kernel_cache_entries")
             assert held == (2 if fastest == "openvino" else 1)
-            assert client.delete("/models/res").status_code in (200, 204)
-            wait_until(lambda: metric_value(client.get("/metrics").text, "jitserve_kernel_cache_entries") == 0,
-                       timeout=30, what="the cache emptied by the delete")  # fmt: skip
+            delete_and_wait_released(client, "res")
     finally:
         server.stop()
 
