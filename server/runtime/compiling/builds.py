@@ -184,7 +184,7 @@ class BucketBuilder:
             else:
                 if served.model.integer_ops:
                     failure += "; onnxruntime serves it with its int8 kernels"
-                bucket.fail(self._with_openvino_failure(bucket, failure))
+                bucket.fail(with_openvino_failure(bucket, failure))
             return
         route = self.router.route(served, bucket, candidates, unavailable=failure)
         for name in [*openvino, BF16_TIER]:
@@ -193,7 +193,7 @@ class BucketBuilder:
 
     def _compile_tvm(self, served: ServedModel, bucket: ServedBucket) -> TierBuild:
         """Compile (or find stored) and load the bucket's TVM kernel; the build carries why it cannot serve."""
-        reason = self._recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
+        reason = recompile_reason(served, bucket) if self.kernels.artifacts.get(bucket.key) is None else None
         bucket.attempts += 1
         self.metrics.compiles.record_retry(model=served.name, retried=False)
         built = self._build(served, bucket, served.options)
@@ -202,7 +202,7 @@ class BucketBuilder:
             return built
         bucket.compiled(outcome.manifest.compile_seconds)
         if not outcome.cached:
-            self._remember_compile(served, bucket, outcome, reason or "first_compile")
+            remember_compile(served, bucket, outcome, reason or "first_compile")
         if reason and not outcome.cached:
             self.metrics.compiles.record_recompile(model=served.name, reason=reason)
         if built.failure:
@@ -258,11 +258,6 @@ class BucketBuilder:
                 engines[engine.name] = engine
         return engines
 
-    @staticmethod
-    def _with_openvino_failure(bucket: ServedBucket, failure: str) -> str:
-        failures = [facts["failure"] for facts in (bucket.openvino or {}).values() if facts.get("failure")]
-        return "; ".join([failure, *failures])
-
     def tune(self, served: ServedModel, bucket: ServedBucket) -> float:
         """Tune a ready bucket (background, budgeted), verify, re-measure, hot-swap the route.
 
@@ -291,7 +286,7 @@ class BucketBuilder:
             live = watch.stop()
         outcome = built.outcome
         if outcome is not None and not outcome.cached:
-            self._remember_compile(served, bucket, outcome, "tuned")
+            remember_compile(served, bucket, outcome, "tuned")
         facts = (outcome.manifest.tuning if outcome else None) or {}
         if outcome is None or not outcome.cached:
             rest = max(0, facts.get("trials", 0) - live.trials)  # the trials not yet counted while it ran
@@ -343,30 +338,38 @@ class BucketBuilder:
         self.metrics.compiles.record_retry(model=served.name)
         bucket.fail(f"{reason}; retry {bucket.attempts} of {retries} in {delay:g} s", retry_in=delay)
 
-    @staticmethod
-    def _remember_compile(served: ServedModel, bucket: ServedBucket, outcome: CompileOutcome, reason: str) -> None:
-        """The bucket's compile history: what its key was made of, to tell what a recompile changed."""
-        manifest = outcome.manifest
-        facts = {
-            "model version": served.record.version,
-            "graph": manifest.graph_digest[:16],
-            "target": canonical_target(manifest.target),
-            "TVM": manifest.tvm_version,
-            "compiler version": COMPILER_VERSION,
-            "tuning": json.dumps(manifest.options.get("tune")),
-        }
-        bucket.add_compile(
-            CompileEvent(at=time.time(), reason=reason, key=manifest.key, facts=facts,
-                         compile_seconds=round(manifest.compile_seconds, 3), verified=manifest.verified)
-        )  # fmt: skip
 
-    @staticmethod
-    def _recompile_reason(served: ServedModel, bucket: ServedBucket) -> str | None:
-        previous = served.record.buckets.get(bucket.label)
-        if previous is None:
-            return None
-        if previous.key == bucket.key:
-            return "artifact_missing"
-        if previous.model_version != served.record.version:
-            return "new_model_version"
-        return "target_or_compiler_changed"
+def with_openvino_failure(bucket: ServedBucket, failure: str) -> str:
+    """``failure`` followed by why each of the bucket's OpenVINO engines could not serve it."""
+    failures = [facts["failure"] for facts in (bucket.openvino or {}).values() if facts.get("failure")]
+    return "; ".join([failure, *failures])
+
+
+def remember_compile(served: ServedModel, bucket: ServedBucket, outcome: CompileOutcome, reason: str) -> None:
+    """The bucket's compile history: what its key was made of, to tell what a recompile changed."""
+    manifest = outcome.manifest
+    facts = {
+        "model version": served.record.version,
+        "graph": manifest.graph_digest[:16],
+        "target": canonical_target(manifest.target),
+        "TVM": manifest.tvm_version,
+        "compiler version": COMPILER_VERSION,
+        "tuning": json.dumps(manifest.options.get("tune")),
+    }
+    bucket.add_compile(
+        CompileEvent(at=time.time(), reason=reason, key=manifest.key, facts=facts,
+                     compile_seconds=round(manifest.compile_seconds, 3), verified=manifest.verified)
+    )  # fmt: skip
+
+
+def recompile_reason(served: ServedModel, bucket: ServedBucket) -> str | None:
+    """Why a bucket compiled before is compiled again (its stored kernel gone, a new version, another key);
+    None for its first compile."""
+    previous = served.record.buckets.get(bucket.label)
+    if previous is None:
+        return None
+    if previous.key == bucket.key:
+        return "artifact_missing"
+    if previous.model_version != served.record.version:
+        return "new_model_version"
+    return "target_or_compiler_changed"
