@@ -51,7 +51,8 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # 38: a QDQ conv over int8 operands computed as a channel-blocked int16 conv tensorized into int16 pair products,
 # a per-tensor quantize and dequantize as the elementwise ops they are; integer products on VNNI's vpdpwssd
 # and vpdpbusd where the target has them, bytes by any int8 weight there); 39: a QDQ matmul by a constant int8
-# weight computed on panels as a MatMulInteger, its int8 activation shifted to uint8.
+# weight computed on panels as a MatMulInteger, its int8 activation shifted to uint8; a MatMulInteger in byte
+# pairs on any int8 weight, summed as ONNX Runtime's own kernels sum them.
 COMPILER_VERSION = "39"
 
 

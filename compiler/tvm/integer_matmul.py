@@ -12,12 +12,15 @@ with ``A`` the uint8/int8 activation and ``za`` its zero point. ``W'`` is packed
 columns by groups of ``k``: the layouts of :mod:`compiler.tvm.intrinsics`' AVX2 dot products, which
 :class:`compiler.tvm.schedules.integer.IntegerContraction` tensorizes the ``integer_matmul`` block into.
 
-- ``(N/8, K/4, 8, 4)`` int8, where ``A`` is uint8 and ``W'`` is int8 whose pairs of ``k`` keep
-  ``BYTE_PAIR_BOUND`` (:func:`compiler.models.quantized.byte_pairs_fit`: 7-bit weights always do):
-  ``vpmaddubsw``, exact there; on a CPU with VNNI, any int8 ``W'`` (``vpdpbusd`` sums into int32, exact).
+- ``(N/8, K/4, 8, 4)`` int8, where ``A`` is uint8 and ``W'`` is int8: ``vpmaddubsw`` on AVX2, ``vpdpbusd``
+  on VNNI (exact: it sums into int32). An ONNX ``MatMulInteger`` takes it on any int8 weight, as ONNX
+  Runtime's own kernels do: on AVX2 their ``vpmaddubsw`` saturates a pair of k whose products pass int16 at
+  the operands' extremes, and so does this one, pairing the same k (``quantize_dynamic``'s 8-bit weights
+  answer as ONNX Runtime does, to the bit). A QDQ matmul spelled as one (:func:`quantized_matmuls`) takes
+  it only where it is exact: on VNNI, or where every pair of ``k`` keeps ``BYTE_PAIR_BOUND``
+  (:func:`compiler.models.quantized.byte_pairs_fit`: 7-bit weights always do).
 - ``(N/8, K/2, 8, 2)`` int16 otherwise, ``A`` widened to int16 once per request: ``vpmaddwd``, which
-  multiplies int16 pairs into int32 and never saturates. (ONNX Runtime's AVX2 kernel takes
-  ``vpmaddubsw`` on any weight, and its answers then depend on the data.)
+  multiplies int16 pairs into int32 and never saturates.
 
 The column sums are weight work too.
 

@@ -380,6 +380,9 @@ def channel_block_passes(target: tvm.target.Target) -> list:
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
             exact_bytes = bool(set(VNNI_UNITS) & set(target_units(target)))  # vpdpbusd sums bytes into int32
+            # MatMulInteger first, in bytes on any int8 weight: ONNX Runtime's own kernels sum its byte pairs so
+            # (saturating with vpmaddubsw where there is no VNNI), and the kernel then answers as they do.
+            mod = integer_matmuls(mod, exact_bytes=True)[0]
             mod = integer_matmuls(quantized_matmuls(mod)[0], exact_bytes=exact_bytes)[0]
             mod = quantized_convs(mod, block, exact_bytes=exact_bytes)[0]
         bf16 = wants_bf16(mod)

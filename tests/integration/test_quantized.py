@@ -1,7 +1,7 @@
 """Quantized models on a real server. With no contract, no TVM compile is spent on a dynamically
 quantized model's buckets, and ONNX Runtime serves with its int8 kernels. Where its owner's contract
 allows int8 within a budget, the compiled tier's integer kernels are compiled, verified within it and
-timed beside ONNX Runtime: 8-bit weights on int16 panels, 7-bit ones on byte panels, and a statically
+timed beside ONNX Runtime: dynamically quantized weights on byte panels (8-bit and 7-bit), and a statically
 quantized (QDQ) encoder's projections and convnet's convs in integers."""
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from compiler.building.matrix_units import host_matrix_units
+from compiler.building.target import resolve_target
 from compiler.models.quantized import byte_pairs_fit
+from compiler.running.engines import OrtEngine
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.integer_matmul import integer_matmuls
 from compiler.tvm.schedules import IntegerContraction
@@ -56,11 +58,11 @@ def _extreme_operands(rows: int, depth: int, columns: int, bits: int = 8, batch:
     return a, w, w_zero
 
 
-def _compiled(model: bytes, rows: int, depth: int, batch: int = 1):
+def _compiled(model: bytes, rows: int, depth: int, batch: int = 1, target: dict = TARGET):
     bucket = {"a": (batch, rows, depth), "a_zero": ()}
     mod = import_relax(onnx.load_from_string(model), bucket, {"a": "uint8", "a_zero": "uint8"})
     observed: dict = {}
-    executable = compile_relax(mod, TARGET, observed=observed)
+    executable = compile_relax(mod, target, observed=observed)
     return relax.VirtualMachine(executable, tvm.cpu()), observed
 
 
@@ -98,14 +100,37 @@ def test_byte_pairs_fit_vpmaddubsw_exactly_up_to_its_bound():
     assert not byte_pairs_fit(np.full((8, 1), 200, np.int16))  # no int8 (a zero point subtracted)
 
 
-# On VNNI (Cascade Lake's AVX512-VNNI, Alder Lake's AVX-VNNI) vpdpbusd sums bytes into int32: exact on
-# every int8 weight, 8-bit ones too. Checked by the code compiled for those CPUs, run where this one is one.
+def test_a_matmul_integer_by_8_bit_weights_answers_as_onnx_runtime_does_to_the_bit():
+    """Symmetric 8-bit weights (``quantize_dynamic``'s): byte panels, as ONNX Runtime's own kernels take them.
+    On AVX2 both sum byte pairs with ``vpmaddubsw``, saturating at the operands' extremes alike, where the
+    spec's int32 arithmetic (and int16 pairs) would not; on VNNI both are exact."""
+    a, w, w_zero = _extreme_operands(5, 36, 20)
+    w_zero[:] = 0
+    model = onnx.load_from_string(_matmul_integer(5, 36, 20, w, w_zero))
+    model.ir_version = 8  # the ONNX Runtime here reads IR versions up to 13
+    vm, observed = _compiled(model.SerializeToString(), 5, 36, target=resolve_target("llvm"))  # this CPU's unit
+    unit = host_matrix_units().unit("int8")
+    (label,) = set(observed["units"].values())
+    assert label.endswith("(vpmaddubsw)" if unit == "avx2" else "(vpdpbusd)"), label
+    reference = OrtEngine(model.SerializeToString())
+    for a_zero in (0, 131, 255):
+        zero = np.array(a_zero, np.uint8)
+        got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(zero)).numpy()
+        want = reference.run({"a": a, "a_zero": zero})["y"]
+        np.testing.assert_array_equal(got, want)
+        exact = (a.astype(np.int64) - a_zero) @ w.astype(np.int64)
+        assert np.array_equal(want, exact) == (unit != "avx2")  # the extremes saturate AVX2's byte pairs
+
+
+# MatMulInteger takes bytes on any int8 weight: vpmaddubsw on AVX2 (ONNX Runtime's own saturating pairs), and on
+# VNNI (Cascade Lake's AVX512-VNNI, Alder Lake's AVX-VNNI) vpdpbusd, which sums bytes into int32 exactly.
+# Checked by the code compiled for those CPUs, run where this one is one.
 @pytest.mark.parametrize(
     ("mcpu", "bits", "instruction"),
-    [("haswell", 8, "vpmaddwd"), ("haswell", 7, "vpmaddubsw"), ("cascadelake", 8, "vpdpbusd"),
+    [("haswell", 8, "vpmaddubsw"), ("haswell", 7, "vpmaddubsw"), ("cascadelake", 8, "vpdpbusd"),
      ("alderlake", 8, "vpdpbusd")],
 )  # fmt: skip
-def test_the_integer_kernel_saturates_bytes_only_where_every_pair_fits(mcpu, bits, instruction):
+def test_a_matmul_integer_takes_bytes_on_the_targets_unit(mcpu, bits, instruction):
     _, w, w_zero = _extreme_operands(8, 64, 48, bits)
     w_zero[:] = 0  # W - zw in int8: byte panels wherever the unit sums them exactly
     bucket = {"a": (1, 8, 64), "a_zero": ()}
