@@ -30,7 +30,7 @@ from tvm import relax, te, tirx
 
 from .integer_conv import blocked_conv_geometry, blocked_conv_product, blocked_conv_weight
 from .integer_matmul import panel_product
-from .main_rewrite import rewrite_main
+from .main_rewrite import op_name, rewrite_main
 from .panels import _static, weight_vars
 
 PRECISION_ATTR = "jitserve_precision"
@@ -99,7 +99,7 @@ class _FromWeights(relax.PyExprMutator):
 class _Bf16Matmuls(_FromWeights):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "float32":
+        if op_name(call) != "relax.matmul" or call.ty.dtype != "float32":
             return call
         x, w = call.args
         data, shape = _static(x), _static(w)
@@ -132,7 +132,7 @@ def _bf16_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation) -
 class _Bf16Convs(_FromWeights):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.nn.conv2d" or call.ty.dtype != "float32":
+        if op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "float32":
             return call
         geometry = blocked_conv_geometry(call)
         weight = blocked_conv_weight(call.args[1], self.lookup_binding)

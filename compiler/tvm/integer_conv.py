@@ -33,7 +33,7 @@ import tvm
 from tvm import relax, te, topi
 
 from ..models.quantized import bytes_sum_exactly
-from .main_rewrite import rewrite_main
+from .main_rewrite import bound_value, int8_dequantize, op_name, rewrite_main
 from .panels import _static
 
 INTEGER_CONV = "integer_conv"
@@ -44,10 +44,6 @@ BYTE_GROUP = 4
 """Input channels per int32 lane's byte products (``vpmaddubsw`` then ``vpmaddwd``, or ``vpdpbusd``)."""
 
 
-def _op_name(expr) -> str:
-    return getattr(getattr(expr, "op", None), "name", "")
-
-
 @relax.expr_functor.mutator
 class _QuantizedConvs(relax.PyExprMutator):
     def __init__(self, mod: tvm.ir.IRModule, block: int, exact_bytes: bool) -> None:
@@ -55,9 +51,6 @@ class _QuantizedConvs(relax.PyExprMutator):
         self.block = block
         self.exact_bytes = exact_bytes
         self.rewritten = 0
-
-    def _value(self, expr: relax.Expr) -> relax.Expr:
-        return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
 
     def _in_bytes(self, exact: np.ndarray) -> bool:
         """Whether the OIHW weight is multiplied in bytes, exactly (its pairs: of input channels)."""
@@ -82,20 +75,14 @@ class _QuantizedConvs(relax.PyExprMutator):
         taps = exact.astype(np.int32).sum(axis=(1, 2, 3)).reshape(1, -1, 1, 1)
         return self.builder_.emit(relax.op.subtract(sums, relax.const((shift + zero) * taps, "int32")))
 
-    def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
-        value = self._value(expr)
-        if _op_name(value) != "relax.dequantize" or value.args[0].ty.dtype not in ("int8", "uint8"):
-            return None
-        return value
-
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "float32":
+        if op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "float32":
             return call
         attrs = call.attrs
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or attrs.groups != 1:
             return call
-        activation, weight = (self._dequantized(arg) for arg in call.args)
+        activation, weight = (int8_dequantize(self, arg) for arg in call.args)
         if activation is None or weight is None or not isinstance(weight.args[0], tvm.ir.GenericConst):
             return call
         shape = _static(weight.args[0])
@@ -103,7 +90,7 @@ class _QuantizedConvs(relax.PyExprMutator):
             return call
         x_scale, x_zero = activation.args[1:]
         w_scale, w_zero = weight.args[1:]
-        w_zero = self._value(w_zero)
+        w_zero = bound_value(self, w_zero)
         if not isinstance(w_zero, tvm.ir.GenericConst) or _static(x_scale) not in ([], [1]):
             return call
         if _static(x_zero) not in ([], [1]) or _static(w_scale) not in ([], [1], [shape[0]]):
@@ -114,7 +101,7 @@ class _QuantizedConvs(relax.PyExprMutator):
         elif zero.size != 1:
             return call
         exact = weight.args[0].value.numpy().astype(np.int16) - zero
-        x_zero_value = self._value(x_zero)
+        x_zero_value = bound_value(self, x_zero)
         if self._in_bytes(exact) and isinstance(x_zero_value, tvm.ir.GenericConst):
             sums = self._byte_sums(activation.args[0], int(x_zero_value.value.numpy().reshape(())), exact, attrs)
         else:
@@ -205,7 +192,7 @@ def blocked_conv_weight(value: relax.Expr, lookup) -> relax.Expr:
     """The OIHW weight a blocked conv's kernel argument was transformed from (ConvertLayout's
     ``layout_transform``), through the bindings ``lookup`` finds; the argument itself where it is none."""
     bound = lookup(value) if isinstance(value, relax.Var) else value
-    if _op_name(bound) == "relax.layout_transform" and bound.args:
+    if op_name(bound) == "relax.layout_transform" and bound.args:
         inner = bound.args[0]
         return inner if not isinstance(inner, relax.Var) or lookup(inner) is None else lookup(inner)
     return value
@@ -248,7 +235,7 @@ class _IntegerConvs(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if _op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "int32":
+        if op_name(call) != "relax.nn.conv2d" or call.ty.dtype != "int32":
             return call
         # int16 maps by int16 weights in pairs of channels; bytes by int8 weights in fours.
         group = {"int16": (PAIR, "int16"), "uint8": (BYTE_GROUP, "int8")}.get(str(call.args[0].ty.dtype))

@@ -37,7 +37,7 @@ import tvm
 from tvm import relax, te
 
 from ..models.quantized import bytes_sum_exactly
-from .main_rewrite import rewrite_main
+from .main_rewrite import bound_value, int8_dequantize, op_name, rewrite_main
 from .panels import _static
 
 _CONSTANT_FORMS = ("relax.astype", "relax.expand_dims", "relax.reshape")
@@ -77,15 +77,15 @@ def _integer_panel_matmul(x: te.Tensor, panels: te.Tensor, column_sums: te.Tenso
     )
 
 
-def _widened(expr: relax.Expr, lookup) -> tuple[relax.Expr, relax.Expr | None] | None:
+def _widened(mutator: relax.PyExprMutator, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr | None] | None:
     """``expr`` as (the int8/uint8 tensor it widened to int32, the zero point subtracted or None):
-    ``astype(q, "int32") - zero`` or ``astype(q, "int32")``, through the bindings ``lookup`` finds."""
+    ``astype(q, "int32") - zero`` or ``astype(q, "int32")``, through the bindings ``mutator`` has seen."""
     zero = None
-    value = lookup(expr) if isinstance(expr, relax.Var) else expr
-    if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.subtract":
+    value = bound_value(mutator, expr)
+    if op_name(value) == "relax.subtract":
         expr, zero = value.args
-        value = lookup(expr) if isinstance(expr, relax.Var) else expr
-    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.astype"):
+        value = bound_value(mutator, expr)
+    if op_name(value) != "relax.astype":
         return None
     source = value.args[0]
     if source.ty.dtype not in ("int8", "uint8") or value.ty.dtype != "int32":
@@ -100,14 +100,11 @@ class _IntegerMatmuls(relax.PyExprMutator):
         self.exact_bytes = exact_bytes
         self.rewritten = 0
 
-    def _lookup(self, var: relax.Var) -> relax.Expr | None:
-        return self.lookup_binding(var)
-
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "int32":
+        if op_name(call) != "relax.matmul" or call.ty.dtype != "int32":
             return call
-        activation, weight = (_widened(arg, self._lookup) for arg in call.args)
+        activation, weight = (_widened(self, arg) for arg in call.args)
         if activation is None or weight is None or not isinstance(weight[0], tvm.ir.GenericConst):
             return call  # a weight computed per request (or a parameter: int8 initializers never are)
         (x, x_zero), (w, w_zero) = activation, weight
@@ -137,8 +134,8 @@ class _IntegerMatmuls(relax.PyExprMutator):
     def _constant(self, expr: relax.Expr) -> np.ndarray | None:
         """``expr``'s value where it is a constant, or a constant cast or reshaped (the importer's widened zero
         point, a per-column one as a row)."""
-        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-        if isinstance(value, relax.Call) and getattr(value.op, "name", "") in _CONSTANT_FORMS:
+        value = bound_value(self, expr)
+        if op_name(value) in _CONSTANT_FORMS:
             inner = self._constant(value.args[0])
             shape = _static(value)
             if inner is None or shape is None:
@@ -162,14 +159,8 @@ class _QuantizedMatmuls(relax.PyExprMutator):
         super().__init__(mod)
         self.rewritten = 0
 
-    def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
-        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-        if getattr(getattr(value, "op", None), "name", "") != "relax.dequantize":
-            return None
-        return value if value.args[0].ty.dtype in ("int8", "uint8") else None
-
     def _weight_zero(self, expr: relax.Expr, columns: int) -> np.ndarray | None:
-        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        value = bound_value(self, expr)
         if not isinstance(value, tvm.ir.GenericConst):
             return None
         zero = value.value.numpy().astype(np.int32)
@@ -177,9 +168,9 @@ class _QuantizedMatmuls(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.matmul" or call.ty.dtype != "float32":
+        if op_name(call) != "relax.matmul" or call.ty.dtype != "float32":
             return call
-        activation, weight = (self._dequantized(arg) for arg in call.args)
+        activation, weight = (int8_dequantize(self, arg) for arg in call.args)
         if activation is None or weight is None or not isinstance(weight.args[0], tvm.ir.GenericConst):
             return call
         shape = _static(weight.args[0])

@@ -1,5 +1,5 @@
 """One rewrite of a module's ``main`` by a Relax mutator that counts what it rewrote (the integer, bf16 and
-quantized-conv rewrites of the layout stage).
+quantized-conv rewrites of the layout stage), and what those rewrites read of the bindings alike.
 
 Runs in the compile child only (imports TVM).
 """
@@ -30,3 +30,21 @@ def rewrite_main(
         rewritten = relax.analysis.remove_all_unused(rewritten)
     mutator.builder_.update_func(mod.get_global_var("main"), rewritten)
     return mutator.builder_.get(), mutator.rewritten
+
+
+def op_name(expr) -> str:
+    """The name of the op ``expr`` calls (``relax.matmul``); empty for anything else."""
+    return getattr(getattr(expr, "op", None), "name", "")
+
+
+def bound_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Expr:
+    """What ``expr`` is bound to where it is a variable ``mutator`` has seen bound, else ``expr``."""
+    return mutator.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+
+def int8_dequantize(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Call | None:
+    """The ``dequantize`` of an int8 or uint8 tensor that ``expr`` is (or is bound to), else None."""
+    value = bound_value(mutator, expr)
+    if op_name(value) != "relax.dequantize" or value.args[0].ty.dtype not in ("int8", "uint8"):
+        return None
+    return value

@@ -75,7 +75,7 @@ def bf16_refusal(served: ServedModel, bucket: ServedBucket, mode: str) -> str | 
     return host_matrix_units().missing("bf16") if mode == "unit" else None
 
 
-def wants_bf16(served: ServedModel) -> bool:
+def contract_allows_bf16(served: ServedModel) -> bool:
     contract = served.record.config.precision
     return contract is not None and "bf16" in contract.allow
 
@@ -174,7 +174,7 @@ class BucketBuilder:
                 if built.outcome.cached and self.router.restore(served, bucket):
                     return
                 candidates["tvm"] = self.kernels.open(served, bucket.key)
-            if wants_bf16(served):
+            if contract_allows_bf16(served):
                 candidates.update(self._bf16(served, bucket))
         openvino = self._openvino(served, bucket)
         candidates.update(openvino)
