@@ -128,7 +128,7 @@ def test_model_repository_index_unload_and_load(client, server):
     assert index["add64"]["state"] == "UNAVAILABLE"  # still stored
     with pytest.raises(InferenceServerException) as error:
         client.infer("add64", [])
-    assert error.value.status() == "404"
+    assert error.value.status() == "404", error.value.message()
     client.load_model("add64")
     assert client.is_model_ready("add64")
     tensor = triton.InferInput("x", [1, 4], "INT64")
