@@ -10,9 +10,14 @@ two versions of one architecture with different weights share their kernels.
 Smaller tensors (shape vectors, axes, scalars such as an epsilon) stay
 constants in the kernel and their values stay in the graph digest.
 
+A quantized model's int8 weights (:func:`integer_weight_names`) are kernel
+parameters too, held once in the prepared folder like the float ones, but
+their values stay in the graph digest: a kernel's choices depend on them
+(which weights sum exactly in bytes, :mod:`compiler.tvm.integer_matmul`).
+
 A prepared folder (written by the compile child, :mod:`compiler.tvm.prepare`)
 holds ``graph.onnx`` (the model with its weight-only subgraphs folded and its
-weights turned into graph inputs, no weight bytes), ``weights.json`` (the
+weights turned into graph inputs, no weight bytes), ``weights-2.json`` (the
 weights' names, dtypes and shapes, in the kernels' parameter order) and one
 ``.npy`` file per weight. NumPy aligns ``.npy`` data to 64 bytes, as TVM's
 kernels expect, and :func:`load_weights` maps the files copy-on-write: the
@@ -36,8 +41,11 @@ WEIGHT_MIN_ELEMENTS = 64
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 )
+INTEGER_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 GRAPH_NAME = "graph.onnx"
-INDEX_NAME = "weights.json"
+INDEX_NAME = "weights-2.json"
+"""Named by the folder's layout: a folder prepared before int8 weights were parameters has none, and is
+prepared again."""
 
 
 def _elements(tensor: onnx.TensorProto) -> int:
@@ -46,6 +54,28 @@ def _elements(tensor: onnx.TensorProto) -> int:
 
 def is_weight(tensor: onnx.TensorProto) -> bool:
     return tensor.data_type in FLOAT_TYPES and _elements(tensor) >= WEIGHT_MIN_ELEMENTS
+
+
+def integer_weight_names(model: onnx.ModelProto) -> set[str]:
+    """The int8/uint8 initializers of at least :data:`WEIGHT_MIN_ELEMENTS` elements read only as quantized
+    weights: ``DequantizeLinear``'s input, ``MatMulInteger``'s ``B``, a ``Gather``'s table (a quantized
+    embedding, dequantized after the lookup). Any other reader may need the value at
+    import (a shape, an index), so such a tensor stays a constant."""
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for node in model.graph.node:
+        for position, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node.op_type, position))
+    weight_reads = {("DequantizeLinear", 0), ("MatMulInteger", 1), ("Gather", 0)}
+    inputs = {value.name for value in model.graph.input}
+    return {
+        tensor.name
+        for tensor in model.graph.initializer
+        if tensor.data_type in INTEGER_TYPES
+        and _elements(tensor) >= WEIGHT_MIN_ELEMENTS
+        and tensor.name not in inputs
+        and readers.get(tensor.name)
+        and all(read in weight_reads for read in readers[tensor.name])
+    }
 
 
 def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:

@@ -53,7 +53,7 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # and vpdpbusd where the target has them, bytes by any int8 weight there); 39: a QDQ matmul by a constant int8
 # weight computed on panels as a MatMulInteger, its int8 activation shifted to uint8; a MatMulInteger in byte
 # pairs on any int8 weight, summed as ONNX Runtime's own kernels sum them.
-COMPILER_VERSION = "39"
+COMPILER_VERSION = "40"
 
 
 @functools.cache

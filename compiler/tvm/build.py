@@ -32,6 +32,7 @@ from ..shapes.buckets import dim_step, is_symbolic
 from . import COMPILER_VERSION
 from .bf16 import PRECISION_ATTR
 from .explain import StageRecorder, write_bundle
+from .main_rewrite import with_integer_weights
 from .onnx_import import import_onnx, read_steps
 from .pipeline import build_pipeline
 from .tuning import tune
@@ -172,6 +173,8 @@ def build_and_verify(job: BuildJob) -> dict:
     mod, importer = import_with_provenance(specialized, job.bucket, job.dtypes)
     clock.lap("import")
     facts = {"simplified": simplified, "weights": weight_names}
+    if job.target["kind"] == "llvm":  # what the CPU's integer rewrites decide by (CUDA keeps them in float)
+        mod = with_integer_weights(mod, weights)
     if job.tune_trials:
         facts["tuning"] = tune(
             mod,

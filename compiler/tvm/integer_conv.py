@@ -33,8 +33,8 @@ import tvm
 from tvm import relax, te, topi
 
 from ..models.quantized import bytes_sum_exactly
-from .main_rewrite import bound_value, int8_dequantize, op_name, rewrite_main
-from .panels import _static
+from .main_rewrite import bound_value, int8_dequantize, integer_value, integer_weights, op_name, rewrite_main
+from .panels import _static, weight_vars
 
 INTEGER_CONV = "integer_conv"
 """The product block's name, which the schedule rule looks for."""
@@ -50,14 +50,24 @@ class _QuantizedConvs(relax.PyExprMutator):
         super().__init__(mod)
         self.block = block
         self.exact_bytes = exact_bytes
+        self.weights = integer_weights(mod)
         self.rewritten = 0
+
+    def _exact_weight(self, weight: relax.Expr, exact: np.ndarray, zero: np.ndarray, dtype: str) -> relax.Expr:
+        """``weight - zero`` in ``dtype``: a constant for a constant ``weight`` (``exact`` is its value), else
+        the ops that compute it from the parameter (lifted into the weight transform)."""
+        if isinstance(weight, tvm.ir.GenericConst):
+            return relax.const(exact.astype(dtype))
+        emit = self.builder_.emit
+        difference = emit(relax.op.subtract(emit(relax.op.astype(weight, "int16")), relax.const(zero, "int16")))
+        return emit(relax.op.astype(difference, dtype)) if dtype != "int16" else difference
 
     def _in_bytes(self, exact: np.ndarray) -> bool:
         """Whether the OIHW weight is multiplied in bytes, exactly (its pairs: of input channels)."""
         by_input = exact.transpose(1, 0, 2, 3).reshape(exact.shape[1], -1)
         return bytes_sum_exactly(by_input, exact_sums=self.exact_bytes)
 
-    def _byte_sums(self, quantized: relax.Expr, zero: int, exact: np.ndarray, attrs) -> relax.Expr:
+    def _byte_sums(self, quantized: relax.Expr, zero: int, weight: relax.Expr, exact: np.ndarray, attrs) -> relax.Expr:
         """The conv's int32 sums from the activation in bytes: ``u = q + shift`` in uint8 (``shift`` 128 for
         an int8 ``q``, 0 for uint8), padded with ``zero + shift`` (the real zero), then ``u x W - (zero +
         shift) x sum(W)`` per output channel. The padding is an op of its own: a conv pads with 0."""
@@ -69,7 +79,7 @@ class _QuantizedConvs(relax.PyExprMutator):
         if top or left or bottom or right:
             unsigned = relax.op.nn.pad(unsigned, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(shift + zero))
         sums = self.builder_.emit(
-            relax.op.nn.conv2d(unsigned, relax.const(exact.astype(np.int8)), attrs.strides, [0, 0, 0, 0],
+            relax.op.nn.conv2d(unsigned, weight, attrs.strides, [0, 0, 0, 0],
                                attrs.dilation, 1, "NCHW", "OIHW", "NCHW", "int32")
         )  # fmt: skip
         taps = exact.astype(np.int32).sum(axis=(1, 2, 3)).reshape(1, -1, 1, 1)
@@ -83,7 +93,8 @@ class _QuantizedConvs(relax.PyExprMutator):
         if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or attrs.groups != 1:
             return call
         activation, weight = (int8_dequantize(self, arg) for arg in call.args)
-        if activation is None or weight is None or not isinstance(weight.args[0], tvm.ir.GenericConst):
+        value = None if weight is None else integer_value(weight.args[0], self.weights)
+        if activation is None or value is None:
             return call
         shape = _static(weight.args[0])
         if shape is None or shape[0] % self.block or shape[1] % self.block:
@@ -100,15 +111,17 @@ class _QuantizedConvs(relax.PyExprMutator):
             zero = zero.reshape(-1, 1, 1, 1)
         elif zero.size != 1:
             return call
-        exact = weight.args[0].value.numpy().astype(np.int16) - zero
+        exact = value.astype(np.int16) - zero
         x_zero_value = bound_value(self, x_zero)
         if self._in_bytes(exact) and isinstance(x_zero_value, tvm.ir.GenericConst):
-            sums = self._byte_sums(activation.args[0], int(x_zero_value.value.numpy().reshape(())), exact, attrs)
+            in_bytes = self._exact_weight(weight.args[0], exact, zero, "int8")
+            x_zero_int = int(x_zero_value.value.numpy().reshape(()))
+            sums = self._byte_sums(activation.args[0], x_zero_int, in_bytes, exact, attrs)
         else:
             data = relax.op.subtract(relax.op.astype(activation.args[0], "int16"), relax.op.astype(x_zero, "int16"))
             sums = self.builder_.emit(
-                relax.op.nn.conv2d(data, relax.const(exact), attrs.strides, attrs.padding, attrs.dilation, 1,
-                                   "NCHW", "OIHW", "NCHW", "int32")
+                relax.op.nn.conv2d(data, self._exact_weight(weight.args[0], exact, zero, "int16"), attrs.strides,
+                                   attrs.padding, attrs.dilation, 1, "NCHW", "OIHW", "NCHW", "int32")
             )  # fmt: skip
         scale = self.builder_.emit(relax.op.multiply(x_scale, w_scale))
         if _static(w_scale):
@@ -220,17 +233,35 @@ def pack_conv_panels(exact: np.ndarray, block: int, group: int = PAIR) -> np.nda
     return np.ascontiguousarray(blocked.transpose(0, 2, 5, 6, 3, 1, 4))
 
 
+def _conv_panels(weight: te.Tensor, block: int, group: int) -> te.Tensor:
+    """:func:`pack_conv_panels` of an OIHW weight computed from the parameters."""
+    out_channels, in_channels, kernel_h, kernel_w = (int(d) for d in weight.shape)
+    return te.compute(
+        (out_channels // block, in_channels // block, kernel_h, kernel_w, block // group, block, group),
+        lambda o, i, kh, kw, p, lane, within: weight[o * block + lane, i * block + p * group + within, kh, kw],
+        name="integer_conv_panels",
+    )
+
+
 @relax.expr_functor.mutator
 class _IntegerConvs(relax.PyExprMutator):
-    def __init__(self, mod: tvm.ir.IRModule) -> None:
+    def __init__(self, mod: tvm.ir.IRModule, weights: set) -> None:
         super().__init__(mod)
+        self.weights = weights
         self.rewritten = 0
 
-    def _oihw_weight(self, expr: relax.Expr, dtype: str) -> np.ndarray | None:
-        """The OIHW ``dtype`` constant ``expr`` is (or ConvertLayout's transform of)."""
-        value = blocked_conv_weight(expr, self.lookup_binding)
-        if isinstance(value, tvm.ir.GenericConst) and value.ty.dtype == dtype and len(_static(value) or []) == 4:
-            return value.value.numpy()
+    def _oihw_weight(self, expr: relax.Expr, dtype: str) -> relax.Expr | None:
+        """The OIHW ``dtype`` constant or weight-only var ``expr`` is (or ConvertLayout's transform of)."""
+        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if op_name(bound) == "relax.layout_transform" and isinstance(bound.args[0], relax.Var):
+            inner = bound.args[0]
+            value = inner if inner in self.weights else blocked_conv_weight(expr, self.lookup_binding)
+        else:
+            value = blocked_conv_weight(expr, self.lookup_binding)
+        computed = isinstance(value, relax.Var) and value in self.weights
+        from_weights = isinstance(value, tvm.ir.GenericConst) or computed
+        if from_weights and value.ty.dtype == dtype and len(_static(value) or []) == 4:
+            return value
         return None
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -240,12 +271,18 @@ class _IntegerConvs(relax.PyExprMutator):
         # int16 maps by int16 weights in pairs of channels; bytes by int8 weights in fours.
         group = {"int16": (PAIR, "int16"), "uint8": (BYTE_GROUP, "int8")}.get(str(call.args[0].ty.dtype))
         geometry = blocked_conv_geometry(call)
-        exact = None if geometry is None or group is None else self._oihw_weight(call.args[1], group[1])
-        if exact is None or geometry[0] % 8 or exact.shape[0] % geometry[0] or exact.shape[1] % geometry[0]:
+        weight = None if geometry is None or group is None else self._oihw_weight(call.args[1], group[1])
+        shape = None if weight is None else _static(weight)
+        if shape is None or geometry[0] % 8 or shape[0] % geometry[0] or shape[1] % geometry[0]:
             return call
         if any(geometry[1][1]) and group[0] != PAIR:  # the byte path pads with its zero ahead, not with 0
             return call
-        panels = relax.const(pack_conv_panels(exact, geometry[0], group[0]))
+        if isinstance(weight, tvm.ir.GenericConst):
+            panels = relax.const(pack_conv_panels(weight.value.numpy(), geometry[0], group[0]))
+        else:  # from a parameter: packed by the weight transform
+            panels = self.builder_.emit(self.builder_.call_te(
+                _conv_panels, weight, geometry[0], group[0], primfunc_name_hint="integer_conv_panels"
+            ))  # fmt: skip
         self.rewritten += 1
         return self.builder_.call_te(_integer_conv, call.args[0], panels, *geometry[1], primfunc_name_hint=INTEGER_CONV)
 
@@ -253,4 +290,4 @@ class _IntegerConvs(relax.PyExprMutator):
 def integer_convs(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every channel-blocked integer conv by a constant weight (step 1's) computed on packed
     panels by the ``integer_conv`` product, and how many it rewrote."""
-    return rewrite_main(mod, lambda _main: _IntegerConvs(mod), drop_unused=True)
+    return rewrite_main(mod, lambda main: _IntegerConvs(mod, weight_vars(main)), drop_unused=True)

@@ -22,10 +22,11 @@ columns by groups of ``k``: the layouts of :mod:`compiler.tvm.intrinsics`' AVX2 
 - ``(N/8, K/2, 8, 2)`` int16 otherwise, ``A`` widened to int16 once per request: ``vpmaddwd``, which
   multiplies int16 pairs into int32 and never saturates.
 
-The column sums are weight work too.
-
-An int8 initializer is no jitserve weight (weights are float tensors, :mod:`compiler.models.weights`):
-it is a constant of the graph, and its panels are folded into the kernel's constants when it compiles.
+A quantized model's int8 weights are kernel parameters (:mod:`compiler.models.weights`), their values
+known to the compile (:data:`compiler.tvm.main_rewrite.INTEGER_WEIGHTS_ATTR`): the panels are computed
+from the parameter by the weight transform, held once per model version however many buckets use them,
+and the column sums (``N`` int32s, from the values the graph digest holds) are constants of the kernel. A
+constant int8 weight (a graph the compile was handed whole) is packed here instead.
 
 Runs in the compile child only (imports TVM).
 """
@@ -34,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax, te
+from tvm import relax, te, tirx
 
 from ..models.quantized import bytes_sum_exactly
-from .main_rewrite import bound_value, int8_dequantize, op_name, rewrite_main
+from .main_rewrite import bound_value, int8_dequantize, integer_value, integer_weights, op_name, rewrite_main
 from .panels import _static
 
 _CONSTANT_FORMS = ("relax.astype", "relax.expand_dims", "relax.reshape")
@@ -93,11 +94,25 @@ def _widened(mutator: relax.PyExprMutator, expr: relax.Expr) -> tuple[relax.Expr
     return source, zero
 
 
+def _integer_panels(weight: te.Tensor, zero: te.Tensor, group: int, dtype: str) -> te.Tensor:
+    """:func:`pack_panels` of ``weight - zero`` (``zero`` per column) in ``dtype``, computed from a parameter."""
+    depth, columns = (int(d) for d in weight.shape)
+    count = -(-columns // PANEL_LANES)
+
+    def element(p, k, lane, within):
+        column = tirx.min(p * PANEL_LANES + lane, columns - 1)
+        exact = weight[k * group + within, column].astype("int16") - zero[column].astype("int16")
+        return tirx.if_then_else(p * PANEL_LANES + lane < columns, exact.astype(dtype), tirx.const(0, dtype))
+
+    return te.compute((count, depth // group, PANEL_LANES, group), element, name="integer_panels")
+
+
 @relax.expr_functor.mutator
 class _IntegerMatmuls(relax.PyExprMutator):
     def __init__(self, mod: tvm.ir.IRModule, exact_bytes: bool) -> None:
         super().__init__(mod)
         self.exact_bytes = exact_bytes
+        self.weights = integer_weights(mod)
         self.rewritten = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -105,27 +120,34 @@ class _IntegerMatmuls(relax.PyExprMutator):
         if op_name(call) != "relax.matmul" or call.ty.dtype != "int32":
             return call
         activation, weight = (_widened(self, arg) for arg in call.args)
-        if activation is None or weight is None or not isinstance(weight[0], tvm.ir.GenericConst):
-            return call  # a weight computed per request (or a parameter: int8 initializers never are)
+        value = None if weight is None else integer_value(weight[0], self.weights)
+        if activation is None or value is None:
+            return call  # a weight computed per request
         (x, x_zero), (w, w_zero) = activation, weight
         data, shape = _static(x), _static(w)
         if data is None or shape is None or len(shape) != 2 or len(data) < 2 or shape[0] % 2:
             return call
         if x_zero is not None and _static(x_zero) != []:
             return call  # a per-row activation zero point: not MatMulInteger's per-tensor one
-        zero_value = None if w_zero is None else self._constant(w_zero)
-        if w_zero is not None and (zero_value is None or list(zero_value.shape) not in ([], [shape[1]], [1, shape[1]])):
+        zero_value = np.zeros((), np.int16) if w_zero is None else self._constant(w_zero)
+        if zero_value is None or list(zero_value.shape) not in ([], [shape[1]], [1, shape[1]]):
             return call
         depth = shape[0]
-        exact = w.value.numpy().astype(np.int16) - (0 if zero_value is None else zero_value.astype(np.int16))
+        exact = value.astype(np.int16) - zero_value.astype(np.int16)
         sums = relax.const(exact.astype(np.int32).sum(axis=0, dtype=np.int32))
-        if x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0 and bytes_sum_exactly(exact, exact_sums=self.exact_bytes):
-            panels = relax.const(pack_panels(exact.astype(np.int8), BYTE_GROUP))
-        else:
-            panels = relax.const(pack_panels(exact, 2))
+        in_bytes = x.ty.dtype == "uint8" and depth % BYTE_GROUP == 0
+        in_bytes = in_bytes and bytes_sum_exactly(exact, exact_sums=self.exact_bytes)
+        group, dtype = (BYTE_GROUP, "int8") if in_bytes else (2, "int16")
+        if isinstance(w, tvm.ir.GenericConst):
+            panels = relax.const(pack_panels(exact.astype(dtype), group))
+        else:  # a parameter: packed by the weight transform, held once per model version
+            zero = relax.const(np.broadcast_to(zero_value.reshape(-1), (shape[1],)).astype(np.int16))
+            panels = self.builder_.emit(
+                self.builder_.call_te(_integer_panels, w, zero, group, dtype, primfunc_name_hint="integer_panels")
+            )
         zero = relax.const(0, "int32") if x_zero is None else x_zero
         self.rewritten += 1
-        if panels.ty.dtype == "int16":  # widened once per request, not per row and pair of k in the product
+        if dtype == "int16":  # widened once per request, not per row and pair of k in the product
             x = self.builder_.emit(relax.op.astype(x, "int16"))
         return self.builder_.call_te(
             _integer_panel_matmul, x, panels, sums, zero, shape[1], primfunc_name_hint=INTEGER_MATMUL
@@ -157,6 +179,7 @@ class _QuantizedMatmuls(relax.PyExprMutator):
 
     def __init__(self, mod: tvm.ir.IRModule) -> None:
         super().__init__(mod)
+        self.weights = integer_weights(mod)
         self.rewritten = 0
 
     def _weight_zero(self, expr: relax.Expr, columns: int) -> np.ndarray | None:
@@ -171,7 +194,7 @@ class _QuantizedMatmuls(relax.PyExprMutator):
         if op_name(call) != "relax.matmul" or call.ty.dtype != "float32":
             return call
         activation, weight = (int8_dequantize(self, arg) for arg in call.args)
-        if activation is None or weight is None or not isinstance(weight.args[0], tvm.ir.GenericConst):
+        if activation is None or weight is None or integer_value(weight.args[0], self.weights) is None:
             return call
         shape = _static(weight.args[0])
         if shape is None or len(shape) != 2 or shape[0] % 2 or _static(activation.args[0]) is None:

@@ -45,6 +45,7 @@ from .channel_padding import pad_channels_to_blocks
 from .integer_conv import dequantize_as_elementwise, integer_convs, quantize_as_elementwise, quantized_convs
 from .integer_matmul import integer_matmuls, quantized_matmuls
 from .intrinsics import VNNI_UNITS, target_units
+from .main_rewrite import integer_weights, without_integer_weights
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 from .shapes import static_shape
@@ -378,6 +379,11 @@ def channel_block_passes(target: tvm.target.Target) -> list:
 
     @tvm.transform.module_pass(opt_level=0, name="jitserve_channel_blocks")
     def convert(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        return without_integer_weights(convert_with_integer_weights(mod))
+
+    def convert_with_integer_weights(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
+        # int8 weight parameters: their dequantized or packed forms are weight work to lift, packed or not.
+        integer_parameters = bool(integer_weights(mod))
         if llvm_cpu_has_features("avx2", target):  # first: flattened rows hide the widened operands
             exact_bytes = bool(set(VNNI_UNITS) & set(target_units(target)))  # vpdpbusd sums bytes into int32
             # MatMulInteger first, in bytes on any int8 weight: ONNX Runtime's own kernels sum its byte pairs so
@@ -392,7 +398,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
             mod, in_bf16 = bf16_matmuls(mod)
         blocked = blocked_or_none(mod)
         if blocked is None:
-            return _panels_lifted(_rewritten(mod, _LAST), block, lift=in_bf16 > 0)
+            return _panels_lifted(_rewritten(mod, _LAST), block, lift=in_bf16 > 0 or integer_parameters)
         blocked = integer_convs(relax.transform.Normalize()(_rewritten(blocked, _LAST)))[0]
         if bf16:
             blocked = bf16_convs(blocked)[0]
@@ -416,5 +422,6 @@ def _panels_lifted(mod: tvm.ir.IRModule, block: int, *, lift: bool = False) -> t
     transform replaces is no second copy: the server gives the mapped pages of the weights it consumed
     back (``server/runtime/memory/kernel_cache.py``)."""
     packed, count = panel_matmuls(mod, block)
-    # ``lift``: other weight work to lift (bf16 panels) whether or not a float matmul was packed.
+    # ``lift``: other weight work to lift (bf16 or integer panels, dequantized int8 weights) whether or not a
+    # float matmul was packed.
     return relax.transform.LiftTransformParams()(relax.transform.Normalize()(packed)) if count or lift else mod

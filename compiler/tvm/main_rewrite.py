@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import tvm
 from tvm import relax
+
+INTEGER_WEIGHTS_ATTR = "jitserve_integer_weights"
+"""The module attribute holding the values of ``main``'s int8/uint8 weight parameters by name: what the
+integer rewrites decide by (which weights sum exactly in bytes, their zero points) and fold into small
+constants (column sums). The graph digest holds these values, so a kernel keyed by it may depend on them;
+its large panels are computed from the parameter, in the weight transform."""
 
 
 def rewrite_main(
@@ -48,3 +55,36 @@ def int8_dequantize(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Cal
     if op_name(value) != "relax.dequantize" or value.args[0].ty.dtype not in ("int8", "uint8"):
         return None
     return value
+
+
+def with_integer_weights(mod: tvm.ir.IRModule, weights: dict[str, np.ndarray]) -> tvm.ir.IRModule:
+    """``mod`` with the values of ``main``'s int8/uint8 parameters found in ``weights`` (by parameter name)
+    as :data:`INTEGER_WEIGHTS_ATTR`; ``mod`` as it is where it takes none."""
+    main = mod["main"]
+    names = [param.name for param in main.params]
+    found = {
+        name: tvm.runtime.tensor(np.ascontiguousarray(weights[name]))
+        for name in names
+        if name in weights and names.count(name) == 1 and str(weights[name].dtype) in ("int8", "uint8")
+    }
+    return mod.with_attr(INTEGER_WEIGHTS_ATTR, found) if found else mod
+
+
+def integer_weights(mod: tvm.ir.IRModule) -> dict[relax.Var, np.ndarray]:
+    """``main``'s int8/uint8 weight parameters and their values (:func:`with_integer_weights`)."""
+    if not mod.attrs or INTEGER_WEIGHTS_ATTR not in mod.attrs:
+        return {}
+    values = mod.attrs[INTEGER_WEIGHTS_ATTR]
+    return {param: values[param.name].numpy() for param in mod["main"].params if param.name in values}
+
+
+def without_integer_weights(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
+    """``mod`` without :data:`INTEGER_WEIGHTS_ATTR`: read by the layout stage, of no use past it."""
+    return mod.without_attr(INTEGER_WEIGHTS_ATTR) if mod.attrs and INTEGER_WEIGHTS_ATTR in mod.attrs else mod
+
+
+def integer_value(expr: relax.Expr, weights: dict[relax.Var, np.ndarray]) -> np.ndarray | None:
+    """The value of an integer constant, or of an int8/uint8 weight parameter in ``weights``; else None."""
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    return weights.get(expr) if isinstance(expr, relax.Var) else None

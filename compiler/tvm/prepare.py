@@ -16,7 +16,7 @@ from onnx import numpy_helper
 
 from ..measuring.profile import named_nodes
 from ..models.qoperator import qoperator_as_qdq
-from ..models.weights import constant_value, is_weight, save_prepared
+from ..models.weights import constant_value, integer_weight_names, is_weight, save_prepared
 
 
 def fold_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -32,11 +32,12 @@ def fold_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The model with every weight (initializer or Constant node) turned into a graph input after the
-    model's own inputs, and the weights in that order."""
+    """The model with every weight (initializer or Constant node, and the int8 weights of a quantized one)
+    turned into a graph input after the model's own inputs, and the weights in that order."""
     graph = onnx.ModelProto()
     graph.CopyFrom(model)
     inputs = {value.name for value in graph.graph.input}
+    integer = integer_weight_names(graph)
     weights: dict[str, np.ndarray] = {}
 
     def take(name: str, tensor: onnx.TensorProto) -> None:
@@ -45,7 +46,7 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
 
     kept = []
     for tensor in graph.graph.initializer:
-        if is_weight(tensor) and tensor.name not in inputs:  # an initializer that is an input is overridable
+        if (is_weight(tensor) or tensor.name in integer) and tensor.name not in inputs:  # an input is overridable
             take(tensor.name, tensor)
         else:
             kept.append(tensor)

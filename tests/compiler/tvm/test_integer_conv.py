@@ -14,7 +14,7 @@ from tvm import relax
 from compiler.building.matrix_units import host_matrix_units
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.integer_conv import pack_conv_panels, quantized_convs
-from tests.compiler.tvm.kernels import instruction_lines, scheduled_kernel
+from tests.compiler.tvm.kernels import compiled_with_weight_parameters, instruction_lines, scheduled_kernel
 
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the int8 kernels here need AVX2")
@@ -79,24 +79,35 @@ def _reference(x, weight, w_scale, bias, x_zero, *, stride: int, pad: int, x_sca
 
 
 # 8-bit weights in int16 pairs (vpmaddwd); 7-bit ones in bytes (vpmaddubsw), the activation shifted to
-# uint8 and padded with its zero point, which the taps' sums take back out.
-@pytest.mark.parametrize(("activation", "shape", "stride", "pad", "bits"), [
-    ("int8", (1, 16, 9, 10), 1, 1, 8),
-    ("uint8", (2, 8, 11, 11), 2, 1, 8),
-    ("int8", (1, 16, 7, 7), 1, 0, 8),
-    ("int8", (1, 16, 9, 10), 1, 1, 7),
-    ("uint8", (2, 8, 11, 11), 2, 1, 7),
+# uint8 and padded with its zero point, which the taps' sums take back out. A weight held as a parameter,
+# as the server compiles it, is packed by the weight transform and answers as a constant one does.
+@pytest.mark.parametrize(("activation", "geometry", "bits", "held"), [
+    ("int8", ((1, 16, 9, 10), 1, 1), 8, "constant"),
+    ("uint8", ((2, 8, 11, 11), 2, 1), 8, "constant"),
+    ("int8", ((1, 16, 7, 7), 1, 0), 8, "constant"),
+    ("int8", ((1, 16, 9, 10), 1, 1), 7, "constant"),
+    ("uint8", ((2, 8, 11, 11), 2, 1), 7, "constant"),
+    ("int8", ((1, 16, 9, 10), 1, 1), 8, "parameter"),
+    ("uint8", ((2, 8, 11, 11), 2, 1), 7, "parameter"),
 ])  # fmt: skip
-def test_a_qdq_conv_sums_exactly_in_integers(activation, shape, stride, pad, bits):
+def test_a_qdq_conv_sums_exactly_in_integers(activation, geometry, bits, held, tmp_path):
+    shape, stride, pad = geometry
     kernel = 3 if pad else 1
     x, weight, w_scale, bias, x_zero = _operands(shape, 16, kernel, activation, bits)
     model = _qdq_conv(shape, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
-    observed: dict = {}
-    executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET, observed=observed)
+    if held == "constant":
+        observed: dict = {}
+        executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET, observed=observed)
+        got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    else:
+        engine, observed, library, weights = compiled_with_weight_parameters(
+            model, {"x": shape}, {"x": "float32"}, TARGET, tmp_path
+        )
+        assert weights["w"].dtype == np.int8 and weights["w"].tobytes()[:64] not in library
+        got = engine.run({"x": x})["y"]
     assert "IntegerConvContraction" in observed["schedules"].values()
     instruction = "vpmaddwd" if bits == 8 else "vpmaddubsw"
     assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}
-    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = _reference(x, weight, w_scale, bias, x_zero, stride=stride, pad=pad)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 

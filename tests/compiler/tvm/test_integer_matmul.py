@@ -1,9 +1,11 @@
 """Quantized matmuls kept in integers (compiler/tvm/integer_matmul.py, schedules/integer.py): an ONNX
-``MatMulInteger`` by a constant int8 weight compiles to int16 panels tensorized into ``vpmaddwd``, or,
-for 7-bit weights, int8 panels into ``vpmaddubsw``; either answers exactly as the spec's int32 arithmetic
-does, at the extremes of its operands."""
+``MatMulInteger`` by an int8 weight (a constant, or a parameter as the server compiles it) compiles to
+int16 panels tensorized into ``vpmaddwd``, or, for 7-bit weights, int8 panels into ``vpmaddubsw``; either
+answers exactly as the spec's int32 arithmetic does, at the extremes of its operands."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,7 +21,7 @@ from compiler.running.engines import OrtEngine
 from compiler.tvm.build import compile_relax, import_relax
 from compiler.tvm.integer_matmul import integer_matmuls
 from compiler.tvm.schedules import IntegerContraction
-from tests.compiler.tvm.kernels import instruction_lines, scheduled_kernel
+from tests.compiler.tvm.kernels import compiled_with_weight_parameters, instruction_lines, scheduled_kernel
 
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 pytestmark = pytest.mark.skipif(not host_matrix_units().has("avx2"), reason="the int8 kernels here need AVX2")
@@ -66,18 +68,40 @@ def _compiled(model: bytes, rows: int, depth: int, batch: int = 1, target: dict 
     return relax.VirtualMachine(executable, tvm.cpu()), observed
 
 
+def _answers(model: onnx.ModelProto, bucket: dict, dtypes: dict, held: str, directory: Path):
+    """``model`` compiled with its int8 weight as a constant or, as the server compiles it, as a parameter
+    (then asserted to be out of the kernel): a function of the inputs to the first output, and what the
+    compile observed."""
+    if held == "constant":
+        observed: dict = {}
+        executable = compile_relax(import_relax(model, bucket, dtypes), TARGET, observed=observed)
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        return lambda *inputs: vm["main"](*(tvm.runtime.tensor(value) for value in inputs)).numpy(), observed
+    engine, observed, library, weights = compiled_with_weight_parameters(model, bucket, dtypes, TARGET, directory)
+    assert weights["w"].dtype.kind in "iu" and weights["w"].tobytes()[:64] not in library
+    return lambda *inputs: next(iter(engine.run(dict(zip(bucket, inputs, strict=True))).values())), observed
+
+
 # A batch of 3: its rows are not flattened into one matmul before the rewrite finds the widened operands
-# (BERT-base at 8x128 ran the int32 matmul, 2.3x ONNX Runtime).
-@pytest.mark.parametrize(("bits", "batch", "rows", "depth", "columns"), [(8, 1, 5, 34, 20), (7, 3, 5, 36, 20)])
-def test_a_matmul_integer_is_computed_exactly_on_its_panels(bits, batch, rows, depth, columns):
+# (BERT-base at 8x128 ran the int32 matmul, 2.3x ONNX Runtime). A weight held as a parameter (packed by
+# the weight transform) answers as a constant one does.
+@pytest.mark.parametrize(("bits", "sizes", "held"), [
+    (8, (1, 5, 34, 20), "constant"),
+    (7, (3, 5, 36, 20), "constant"),
+    (8, (1, 5, 34, 20), "parameter"),
+    (7, (3, 5, 36, 20), "parameter"),
+])  # fmt: skip
+def test_a_matmul_integer_is_computed_exactly_on_its_panels(bits, sizes, held, tmp_path):
+    batch, rows, depth, columns = sizes
     a, w, w_zero = _extreme_operands(rows, depth, columns, bits, batch)
-    model = _matmul_integer(rows, depth, columns, w, w_zero, batch=batch)
-    vm, observed = _compiled(model, rows, depth, batch)
+    model = onnx.load_from_string(_matmul_integer(rows, depth, columns, w, w_zero, batch=batch))
+    bucket = {"a": (batch, rows, depth), "a_zero": ()}
+    run, observed = _answers(model, bucket, {"a": "uint8", "a_zero": "uint8"}, held, tmp_path)
     assert "IntegerContraction" in observed["schedules"].values()
     instruction = "vpmaddwd" if bits == 8 else "vpmaddubsw"
     assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}  # what the explain report names
     for a_zero in (0, 131, 255):
-        got = vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(np.array(a_zero, np.uint8))).numpy()
+        got = run(a, np.array(a_zero, np.uint8))
         want = (a.astype(np.int64) - a_zero) @ (w.astype(np.int64) - w_zero.astype(np.int64))
         np.testing.assert_array_equal(got, want.astype(np.int32))
 
@@ -167,13 +191,17 @@ def _qdq_matmul(shape, weight: np.ndarray, w_scale: np.ndarray, w_zero: np.ndarr
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-# int8 and uint8 activations (an int8 one enters shifted to uint8), int8 and uint8 weights, 8-bit and 7-bit.
-@pytest.mark.parametrize(("activation", "weights", "bits", "instruction"), [
-    ("int8", "int8", 8, "vpmaddwd"),
-    ("uint8", "uint8", 8, "vpmaddwd"),
-    ("int8", "int8", 7, "vpmaddubsw"),
+# int8 and uint8 activations (an int8 one enters shifted to uint8), int8 and uint8 weights, 8-bit and 7-bit,
+# as constants and as parameters.
+@pytest.mark.parametrize(("types", "bits", "instruction", "held"), [
+    (("int8", "int8"), 8, "vpmaddwd", "constant"),
+    (("uint8", "uint8"), 8, "vpmaddwd", "constant"),
+    (("int8", "int8"), 7, "vpmaddubsw", "constant"),
+    (("uint8", "uint8"), 8, "vpmaddwd", "parameter"),
+    (("int8", "int8"), 7, "vpmaddubsw", "parameter"),
 ])  # fmt: skip
-def test_a_qdq_matmul_by_a_weight_sums_exactly_in_integers(activation, weights, bits, instruction):
+def test_a_qdq_matmul_by_a_weight_sums_exactly_in_integers(types, bits, instruction, held, tmp_path):
+    activation, weights = types
     shape, depth, columns, x_scale = (2, 5, 32), 32, 24, 0.05
     rng = np.random.default_rng(9)
     x = rng.normal(0, 3, shape).astype(np.float32)
@@ -186,11 +214,10 @@ def test_a_qdq_matmul_by_a_weight_sums_exactly_in_integers(activation, weights, 
     weight = (centred + w_zero.astype(int)).astype(weights)
     w_scale = rng.uniform(0.001, 0.01, columns).astype(np.float32)
     model = _qdq_matmul(shape, weight, w_scale, w_zero, x_zero=x_zero, x_scale=x_scale)
-    observed: dict = {}
-    executable = compile_relax(import_relax(model, {"x": shape}, {"x": "float32"}), TARGET, observed=observed)
+    run, observed = _answers(model, {"x": shape}, {"x": "float32"}, held, tmp_path)
     assert "IntegerContraction" in observed["schedules"].values()
     assert set(observed["units"].values()) == {f"int8 on avx2 ({instruction})"}
-    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    got = run(x)
     limits = np.iinfo(x_zero.dtype)
     quantized = np.clip(np.round(x / np.float32(x_scale)) + int(x_zero), limits.min, limits.max).astype(np.int64)
     sums = (quantized - int(x_zero)) @ centred.astype(np.int64)
