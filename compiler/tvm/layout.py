@@ -43,7 +43,7 @@ from tvm.target.codegen import llvm_cpu_has_features
 from .bf16 import bf16_convs, bf16_matmuls, wants_bf16
 from .channel_padding import pad_channels_to_blocks
 from .integer_conv import dequantize_as_elementwise, integer_convs, quantize_as_elementwise, quantized_convs
-from .integer_matmul import integer_matmuls, quantized_matmuls
+from .integer_matmul import integer_matmuls, quantized_gathers, quantized_matmuls
 from .intrinsics import VNNI_UNITS, target_units
 from .main_rewrite import integer_weights, without_integer_weights
 from .panels import panel_matmuls
@@ -388,7 +388,7 @@ def channel_block_passes(target: tvm.target.Target) -> list:
             exact_bytes = bool(set(VNNI_UNITS) & set(target_units(target)))  # vpdpbusd sums bytes into int32
             # MatMulInteger first, in bytes on any int8 weight: ONNX Runtime's own kernels sum its byte pairs so
             # (saturating with vpmaddubsw where there is no VNNI), and the kernel then answers as they do.
-            mod = integer_matmuls(mod, exact_bytes=True)[0]
+            mod = integer_matmuls(quantized_gathers(mod)[0], exact_bytes=True)[0]
             mod = integer_matmuls(quantized_matmuls(mod)[0], exact_bytes=exact_bytes)[0]
             mod = quantized_convs(mod, block, exact_bytes=exact_bytes)[0]
         bf16 = wants_bf16(mod)

@@ -65,8 +65,10 @@ def split_weight_transform(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
     if TRANSFORM_PARAMS not in [g_var.name_hint for g_var in mod.get_global_vars()]:
         return mod
     bindings, result, params = _plain_bindings(mod[TRANSFORM_PARAMS])
-    outputs = _fields(result, bindings)
     split = tvm.IRModule({g_var: func for g_var, func in mod.functions_items() if g_var.name_hint != TRANSFORM_PARAMS})
+    if any(result.same_as(param) for param in params):  # lifted nothing: ``main`` reads the weights as they are
+        return split
+    outputs = _fields(result, bindings)
     for index, output in enumerate(outputs):
         body = relax.SeqExpr([relax.BindingBlock(_slice(output, bindings))], output)
         func = relax.utils.copy_with_new_vars(relax.Function(params, body, output.ty))

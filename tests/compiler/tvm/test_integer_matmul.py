@@ -240,3 +240,28 @@ def test_only_qdq_matmuls_by_even_deep_weights_are_rewritten():
         )
         mod = import_relax(model, {"x": (1, 4, depth)}, {"x": "float32"})
         assert quantized_matmuls(mod)[1] == rewritten
+
+
+def test_a_quantized_embedding_is_looked_up_before_it_is_dequantized(tmp_path):
+    """``Gather(DequantizeLinear(table), ids)`` answers as ONNX Runtime does, to the bit, and no weight
+    transform holds the table in float: the rows are looked up in int8, then dequantized."""
+    rng = np.random.default_rng(0)
+    table = rng.integers(-128, 128, (300, 16)).astype(np.int8)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["table", "scale", "zero"], ["dequantized"]),
+        helper.make_node("Gather", ["dequantized", "ids"], ["y"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(table, "table"),
+        helper.make_tensor("scale", TensorProto.FLOAT, [], [0.02]),
+        helper.make_tensor("zero", TensorProto.INT8, [], [3]),
+    ]
+    graph = helper.make_graph(nodes, "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    engine, observed, _, _ = compiled_with_weight_parameters(model, {"ids": (2, 5)}, {"ids": "int64"}, TARGET, tmp_path)
+    assert sum(output["bytes"] for output in observed.get("weight_outputs") or []) < table.size
+    ids = rng.integers(-300, 300, (2, 5)).astype(np.int64)  # negative ids count from the end, as ONNX says
+    want = OrtEngine(model.SerializeToString()).run({"ids": ids})["y"]
+    np.testing.assert_array_equal(engine.run({"ids": ids})["y"], want)
