@@ -52,7 +52,9 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # a per-tensor quantize and dequantize as the elementwise ops they are; integer products on VNNI's vpdpwssd
 # and vpdpbusd where the target has them, bytes by any int8 weight there); 39: a QDQ matmul by a constant int8
 # weight computed on panels as a MatMulInteger, its int8 activation shifted to uint8; a MatMulInteger in byte
-# pairs on any int8 weight, summed as ONNX Runtime's own kernels sum them.
+# pairs on any int8 weight, summed as ONNX Runtime's own kernels sum them; 40: a quantized model's int8
+# weights are kernel parameters, their panels packed by the weight transform; a quantized embedding looked up
+# in int8, then dequantized.
 COMPILER_VERSION = "40"
 
 

@@ -14,11 +14,11 @@ it a float conv. Here, in two steps:
    AVX2's ``vpmaddubsw`` on weights whose channel pairs keep its bound), the activation enters in uint8
    instead (``_byte_sums``). ConvertLayout then blocks it like any conv (NCHW{b}c), and carries the
    quantize steps around it as the elementwise ops they are.
-2. :func:`integer_convs`, after blocking: each blocked integer conv by a constant weight reads its weight
-   from ``(O/b, I/b, KH, KW, b/g, b, g)`` panels packed here (``g`` input channels innermost under ``b``
-   output channels: 2 int16 ones or 4 bytes, the layout of the dot product's operand,
-   :mod:`compiler.tvm.intrinsics`) in a product block that
-   :class:`compiler.tvm.schedules.integer.IntegerConvContraction` tensorizes.
+2. :func:`integer_convs`, after blocking: each blocked integer conv by a weight of the model reads it
+   from ``(O/b, I/b, KH, KW, b/g, b, g)`` panels (``g`` input channels innermost under ``b`` output
+   channels: 2 int16 ones or 4 bytes, the layout of the dot product's operand,
+   :mod:`compiler.tvm.intrinsics`), packed by the weight transform from the int8 parameter, in a product
+   block that :class:`compiler.tvm.schedules.integer.IntegerConvContraction` tensorizes.
 
 Only convs with whole blocks of input and output channels and one group are rewritten; any other conv of
 the graph stays a float conv of dequantized values, as before.
@@ -131,7 +131,7 @@ class _QuantizedConvs(relax.PyExprMutator):
 
 
 def quantized_convs(mod: tvm.ir.IRModule, block: int, *, exact_bytes: bool = False) -> tuple[tvm.ir.IRModule, int]:
-    """``mod`` with every float conv of a dequantized int8 activation by a dequantized constant int8 weight
+    """``mod`` with every float conv of a dequantized int8 activation by a dequantized int8 weight of the model
     (channels in whole ``block`` s, one group) computed as an integer conv with int32 sums (see the module's
     docstring), and how many it rewrote; ``exact_bytes``: the target sums bytes exactly (VNNI)."""
     return rewrite_main(mod, lambda _main: _QuantizedConvs(mod, block, exact_bytes))

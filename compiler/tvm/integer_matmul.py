@@ -3,7 +3,7 @@ unit instead of as an int32 matmul.
 
 TVM's importer widens both operands of ``MatMulInteger`` to int32 and subtracts their zero points
 before an int32 matmul: exact, but each product is a 32-bit multiply (``vpmulld``), slower than fp32.
-Here such a matmul by a constant weight ``W`` (int8 or uint8, ``K x N``, with zero point ``zw``, per
+Here such a matmul by a weight ``W`` of the model (int8 or uint8, ``K x N``, with zero point ``zw``, per
 tensor or per column) becomes
 
     C[m, n] = sum_k A[m, k] * W'[k, n] - za * colsum(W')[n],    W' = W - zw (int16, exact)
@@ -221,7 +221,7 @@ class _QuantizedMatmuls(relax.PyExprMutator):
 
 def quantized_matmuls(mod: tvm.ir.IRModule) -> tuple[tvm.ir.IRModule, int]:
     """``mod`` with every float matmul of a QDQ graph's dequantized activation (per tensor) by a dequantized
-    constant 2-D int8 or uint8 weight of even depth (per tensor, or per column) spelled as an integer one
+    2-D int8 or uint8 weight of the model of even depth (per tensor, or per column) spelled as an integer one
     (:class:`_QuantizedMatmuls`), and how many it rewrote. Run before :func:`integer_matmuls`."""
     return rewrite_main(mod, lambda _main: _QuantizedMatmuls(mod))
 
@@ -269,6 +269,6 @@ def pack_panels(exact: np.ndarray, group: int) -> np.ndarray:
 
 
 def integer_matmuls(mod: tvm.ir.IRModule, *, exact_bytes: bool = False) -> tuple[tvm.ir.IRModule, int]:
-    """``mod`` with every widened int8 x int8 matmul by a constant weight computed on packed panels (see
+    """``mod`` with every widened int8 x int8 matmul by a weight of the model computed on packed panels (see
     the module's docstring), and how many it rewrote; ``exact_bytes``: the target sums bytes exactly (VNNI)."""
     return rewrite_main(mod, lambda _main: _IntegerMatmuls(mod, exact_bytes))
