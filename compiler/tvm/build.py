@@ -174,7 +174,7 @@ def build_and_verify(job: BuildJob) -> dict:
     clock.lap("import")
     facts = {"simplified": simplified, "weights": weight_names}
     if job.target["kind"] == "llvm":  # what the CPU's integer rewrites decide by (CUDA keeps them in float)
-        mod = with_integer_weights(mod, weights)
+        mod = with_integer_weights(mod, {name: weights[name] for name in weight_names})
     if job.tune_trials:
         facts["tuning"] = tune(
             mod,

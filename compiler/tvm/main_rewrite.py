@@ -58,14 +58,19 @@ def int8_dequantize(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Cal
 
 
 def with_integer_weights(mod: tvm.ir.IRModule, weights: dict[str, np.ndarray]) -> tvm.ir.IRModule:
-    """``mod`` with the values of ``main``'s int8/uint8 parameters found in ``weights`` (by parameter name)
-    as :data:`INTEGER_WEIGHTS_ATTR`; ``mod`` as it is where it takes none."""
+    """``mod`` with the values of ``main``'s int8/uint8 weight parameters as :data:`INTEGER_WEIGHTS_ATTR`;
+    ``weights`` are the parameters after ``main``'s inputs, in their order (the importer renames them: a
+    ``.`` is no part of a name there). ``mod`` as it is where it takes none."""
     main = mod["main"]
-    names = [param.name for param in main.params]
+    num_input = int(main.attrs["num_input"]) if main.attrs and "num_input" in main.attrs else len(main.params)
+    params = list(main.params[num_input:])
+    if len(params) != len(weights):
+        raise ValueError(f"main takes {len(params)} weights, {len(weights)} given")
+    names = [param.name for param in params]
     found = {
-        name: tvm.runtime.tensor(np.ascontiguousarray(weights[name]))
-        for name in names
-        if name in weights and names.count(name) == 1 and str(weights[name].dtype) in ("int8", "uint8")
+        name: tvm.runtime.tensor(np.ascontiguousarray(value))
+        for name, value in zip(names, weights.values(), strict=True)
+        if str(value.dtype) in ("int8", "uint8") and names.count(name) == 1
     }
     return mod.with_attr(INTEGER_WEIGHTS_ATTR, found) if found else mod
 
