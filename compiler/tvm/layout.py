@@ -42,7 +42,13 @@ from tvm.target.codegen import llvm_cpu_has_features
 
 from .bf16 import bf16_convs, bf16_matmuls, wants_bf16
 from .channel_padding import pad_channels_to_blocks
-from .integer_conv import dequantize_as_elementwise, integer_convs, quantize_as_elementwise, quantized_convs
+from .integer_conv import (
+    dequantize_as_elementwise,
+    dequantized_constant,
+    integer_convs,
+    quantize_as_elementwise,
+    quantized_convs,
+)
 from .integer_matmul import integer_matmuls, quantized_gathers, quantized_matmuls
 from .intrinsics import VNNI_UNITS, target_units
 from .main_rewrite import integer_weights, without_integer_weights
@@ -244,6 +250,7 @@ def _conv1d_as_conv2d(call: relax.Call) -> relax.Expr:
 
 
 _ALWAYS = {
+    "relax.dequantize": dequantized_constant,
     "relax.nn.conv2d": _dead_taps_dropped,
     "relax.nn.conv1d": _conv1d_as_conv2d,
     "relax.matmul": _matmul_rows_flattened,

@@ -134,6 +134,9 @@ class LoadedWeights:
         self.tensors = dict(zip(arrays, device_weights(list(arrays.values()), device), strict=True))
         self.pages = MappedPages(arrays, self.tensors)
         self.prepared_bytes = sum(array.nbytes for array in arrays.values())
+        # What the bound is a multiple of: an int8 weight counted as the int16 pairs its panels hold (AVX2's
+        # vpmaddwd), the one layout its kernels read it in, as a float weight's panels are its own size.
+        self.bound_base = sum(array.nbytes * (2 if array.dtype.itemsize == 1 else 1) for array in arrays.values())
         self.max_transformed_ratio = max_transformed_ratio
         # Blocked conv weights, matmul panels and the like, once per distinct output of the kernels' transforms.
         self.transformed = TransformedWeights(computed=self.pages.give_back_consumed if device != "cuda" else None)
@@ -160,15 +163,15 @@ class LoadedWeights:
 
     def _check_bound(self, manifest: Manifest, outputs: list[dict]) -> None:
         adding = self.transformed.missing_bytes(outputs)
-        bound = self.max_transformed_ratio * self.prepared_bytes
+        bound = self.max_transformed_ratio * self.bound_base
         if not self.max_transformed_ratio or not adding or self.transformed.nbytes + adding <= bound:
             return
         mib = 2**20
         raise CompileError(
             f"kernel {manifest.key[:16]} reads its weights in a layout of its own ({adding / mib:.0f} MiB more); "
             f"the version's transformed weights would take {(self.transformed.nbytes + adding) / mib:.0f} MiB, past "
-            f"{self.max_transformed_ratio:g}x its {self.prepared_bytes / mib:.0f} MiB of weights "
-            "(JITSERVE_MAX_TRANSFORMED_WEIGHTS_RATIO)"
+            f"{self.max_transformed_ratio:g}x its {self.bound_base / mib:.0f} MiB of weights "
+            "(int8 ones counted as int16; JITSERVE_MAX_TRANSFORMED_WEIGHTS_RATIO)"
         )
 
     def describe(self) -> dict:
