@@ -160,3 +160,26 @@ def test_the_integer_conv_runs_on_the_targets_int8_unit(mcpu, instruction, regis
     _, asm = scheduled_kernel(mod, target, "integer_conv", IntegerConvContraction)
     products = instruction_lines(asm, instruction)
     assert products and all(register in line for line in products)
+
+
+@pytest.mark.parametrize("axis_values", [1, 6])
+def test_a_constant_dequantize_is_computed_as_the_legalized_op_computes_it(axis_values):
+    """A QDQ graph's int32 bias (per tensor, or per channel) is dequantized at compile time in numpy, equal to
+    the bit to what TVM's legalization and FoldConstant make of it, one kernel apiece."""
+    from compiler.tvm.integer_conv import dequantized_constant
+
+    rng = np.random.default_rng(4)
+    data = relax.const(rng.integers(-(2**30), 2**30, (2, 6)).astype(np.int32))
+    scale = relax.const(rng.uniform(1e-6, 1e-2, axis_values).astype(np.float32).reshape(-1 if axis_values > 1 else ()))
+    zero = relax.const(np.zeros(axis_values, np.int32).reshape(-1 if axis_values > 1 else ()))
+    call = relax.op.dequantize(data, scale, zero, axis=1)
+    folded = dequantized_constant(call)
+    assert isinstance(folded, tvm.ir.GenericConst)
+    builder = relax.BlockBuilder()
+    with builder.function("main", []):
+        builder.emit_func_output(builder.emit(call))
+    with tvm.target.Target(TARGET):
+        legalized = relax.transform.FoldConstant()(relax.transform.LegalizeOps()(builder.get()))
+    want = legalized["main"].body.body
+    want = want if isinstance(want, tvm.ir.GenericConst) else legalized["main"].body.blocks[-1].bindings[-1].value
+    np.testing.assert_array_equal(folded.value.numpy(), want.value.numpy())
