@@ -174,10 +174,9 @@ class Settings(CompileSettings):
 
     max_transformed_weights_ratio: float = Field(2.0, ge=0)
     """What a model version's kernels may compute from its weights at load (matmul panels, channel-blocked
-    conv weights), in multiples of the weights' bytes (a quantized model's int8 weights counted as the int16
-    pairs its kernels read them in); 0: no bound. Buckets whose kernels read the same
-    layout share one copy; a kernel that needs a layout of its own past this bound is not loaded, and its
-    bucket is served by the other engines (its reason says so). ``GET /models/{name}`` reports the bytes."""
+    conv weights), in multiples of the weights' bytes (int8 ones counted as their int16 panels); 0: no bound.
+    Buckets whose kernels read the same layout share one copy; a kernel that needs a layout of its own past
+    this bound is not loaded, its bucket served by the other engines. ``GET /models/{name}`` reports it."""
 
     memory_bytes: int | None = Field(None, ge=0)
     """Memory the server may use (none: the container's limit, else the machine's). An upload whose weights
