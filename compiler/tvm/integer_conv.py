@@ -227,12 +227,12 @@ def _integer_conv(data: te.Tensor, panels: te.Tensor, strides, padding, dilation
 
 
 def blocked_conv_weight(value: relax.Expr, lookup) -> relax.Expr:
-    """The OIHW weight a blocked conv's kernel argument was transformed from (ConvertLayout's
-    ``layout_transform``), through the bindings ``lookup`` finds; the argument itself where it is none."""
+    """The OIHW weight a blocked conv's kernel argument was transformed from (the argument of ConvertLayout's
+    ``layout_transform``, a constant or a var), through the bindings ``lookup`` finds; the argument itself
+    where it is none."""
     bound = lookup(value) if isinstance(value, relax.Var) else value
     if op_name(bound) == "relax.layout_transform" and bound.args:
-        inner = bound.args[0]
-        return inner if not isinstance(inner, relax.Var) or lookup(inner) is None else lookup(inner)
+        return bound.args[0]
     return value
 
 
@@ -277,12 +277,7 @@ class _IntegerConvs(relax.PyExprMutator):
 
     def _oihw_weight(self, expr: relax.Expr, dtype: str) -> relax.Expr | None:
         """The OIHW ``dtype`` constant or weight-only var ``expr`` is (or ConvertLayout's transform of)."""
-        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-        if op_name(bound) == "relax.layout_transform" and isinstance(bound.args[0], relax.Var):
-            inner = bound.args[0]
-            value = inner if inner in self.weights else blocked_conv_weight(expr, self.lookup_binding)
-        else:
-            value = blocked_conv_weight(expr, self.lookup_binding)
+        value = blocked_conv_weight(expr, self.lookup_binding)
         computed = isinstance(value, relax.Var) and value in self.weights
         from_weights = isinstance(value, tvm.ir.GenericConst) or computed
         if from_weights and value.ty.dtype == dtype and len(_static(value) or []) == 4:

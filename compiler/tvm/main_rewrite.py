@@ -80,7 +80,8 @@ def integer_weights(mod: tvm.ir.IRModule) -> dict[relax.Var, np.ndarray]:
     if not mod.attrs or INTEGER_WEIGHTS_ATTR not in mod.attrs:
         return {}
     values = mod.attrs[INTEGER_WEIGHTS_ATTR]
-    return {param: values[param.name].numpy() for param in mod["main"].params if param.name in values}
+    # Views of the attribute's tensors, not copies: each rewrite of the layout stage reads them.
+    return {param: np.from_dlpack(values[param.name]) for param in mod["main"].params if param.name in values}
 
 
 def without_integer_weights(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
