@@ -54,8 +54,9 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # weight computed on panels as a MatMulInteger, its int8 activation shifted to uint8; a MatMulInteger in byte
 # pairs on any int8 weight, summed as ONNX Runtime's own kernels sum them; 40: a quantized model's int8
 # weights are kernel parameters, their panels packed by the weight transform; a quantized embedding looked up
-# in int8, then dequantized.
-COMPILER_VERSION = "40"
+# in int8, then dequantized; 41: a quantized model's scalar scales and zero points are 0-d tensor operands, so
+# its layers share kernels.
+COMPILER_VERSION = "41"
 
 
 @functools.cache

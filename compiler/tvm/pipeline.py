@@ -24,6 +24,7 @@ from tvm.s_tir import dlight as dl
 
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
+from .scalar_operands import scalar_operands_pass
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
 from .schedules.base import UNIT_ANNOTATION
 from .weight_transform import weight_output_facts
@@ -45,11 +46,16 @@ def tuned_module_stages(
 ) -> list[tuple[str, list]]:
     """Everything up to (and including) fusion, as named stages: the TIR functions that tuning sees."""
     math = [vectorizable_math_pass()] if target.kind.name == "llvm" else []
-    legalize = relax.transform.LegalizeOps(custom_legalizations(symbolic_bounds))
+
+    @tvm.transform.module_pass(opt_level=0, name="jitserve_legalize")
+    def legalize(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        # A fresh map per run: it remembers the kernels that run built.
+        return relax.transform.LegalizeOps(custom_legalizations(symbolic_bounds))(mod)
+
     return [
         ("dispatch", _backend(target).library_dispatch_passes(target)),
         ("layout", channel_block_passes(target)),
-        ("legalize", [legalize, relax.transform.AnnotateTIROpPattern()]),
+        ("legalize", [scalar_operands_pass, legalize, relax.transform.AnnotateTIROpPattern()]),
         ("fold_constants", [relax.transform.FoldConstant()]),
         ("fuse", [relax.transform.FuseOps(), relax.transform.FuseTIR(), *math]),
     ]

@@ -37,11 +37,11 @@ def dynamic_quantized_encoder(directory: Path, *, reduce_range: bool = False) ->
     return target.read_bytes()
 
 
-def static_quantized_encoder(directory: Path) -> bytes:
+def static_quantized_encoder(directory: Path, *, layers: int = 1) -> bytes:
     """The encoder quantized statically in QDQ (``quantize_static``): every MatMul between dequantized int8
-    operands, its projections' weights int8 constants with a scale per column."""
-    source, target = directory / "encoder.onnx", directory / "encoder_qdq.onnx"
-    source.write_bytes(synthetic.bert_encoder_model(layers=1, hidden=64, heads=4, seq=16))
+    operands, its projections' weights int8 constants with a scale per column; each layer's scales its own."""
+    source, target = directory / f"encoder_{layers}.onnx", directory / f"encoder_{layers}_qdq.onnx"
+    source.write_bytes(synthetic.bert_encoder_model(layers=layers, hidden=64, heads=4, seq=16))
     quantize_static(str(source), str(target), _Images((1, 16, 64)), quant_format=QuantFormat.QDQ, per_channel=True)
     return target.read_bytes()
 

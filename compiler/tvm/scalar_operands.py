@@ -1,0 +1,79 @@
+"""A quantized graph's scalar scales and zero points as 0-d tensor operands, so its layers share kernels.
+
+TVM's legalization turns each 0-d constant operand of ``quantize``, ``dequantize`` and the binary
+arithmetic ops into an immediate of the kernel it builds. In a float model that is free: a scalar
+(a layer norm's epsilon, attention's 1/sqrt(d)) is the same in every layer, so the layers' kernels still
+come out equal and are built once. A QDQ graph has a scale and a zero point per tensor, different in
+every layer, so no two layers' kernels were equal: QDQ BERT-base fused into 235 kernels (about 20
+distinct ones, each per layer), and its compile took 7x fp32's. Bound to a variable instead, the scalar
+reaches the kernel as a 0-d tensor argument that the kernel reads once, and the layers' kernels are one.
+The values are unchanged and so are the answers: an immediate and a loaded value divide alike.
+
+Only quantized modules are rewritten (those computing int8 or uint8 tensors); a float model keeps its
+immediates, and so its kernels and the tuning records that match them.
+Run just before legalization (after the layout stage's rewrites, which read the constants' values).
+
+Runs in the compile child only (imports TVM).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .main_rewrite import op_name
+
+_SCALAR_OPERAND_OPS = frozenset(
+    {"relax.quantize", "relax.dequantize", "relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
+)
+
+
+def _is_scalar_constant(expr: relax.Expr) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and expr.ty.ndim == 0
+
+
+def _quantized(function: relax.Function) -> bool:
+    """Whether ``function`` computes an int8 or uint8 tensor: a quantize, or the elementwise form a blocked QDQ
+    convnet's quantizes take (:func:`compiler.tvm.integer_conv.quantize_as_elementwise`). No float model does."""
+    found = []
+
+    def visit(expr: relax.Expr) -> None:
+        dtype = getattr(expr.ty, "dtype", None) if isinstance(expr, relax.Call) else None
+        found.append(dtype is not None and str(dtype) in ("int8", "uint8"))
+
+    relax.analysis.post_order_visit(function.body, visit)
+    return any(found)
+
+
+@relax.expr_functor.mutator
+class _ScalarsBound(relax.PyExprMutator):
+    def __init__(self, mod: tvm.ir.IRModule) -> None:
+        super().__init__(mod)
+        self.rewritten = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if op_name(call) not in _SCALAR_OPERAND_OPS or not any(_is_scalar_constant(a) for a in call.args):
+            return call
+        self.rewritten += 1
+        args = [self.builder_.emit(a) if _is_scalar_constant(a) else a for a in call.args]
+        return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
+
+
+def scalar_operands_bound(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:
+    """``mod`` with every 0-d constant operand of a quantize, dequantize, add, subtract, multiply or divide
+    bound to a variable, in each Relax function (``main`` and its lifted weight transforms), where ``main`` is
+    quantized (:func:`_quantized`); else ``mod`` as it is."""
+    names = [g_var.name_hint for g_var in mod.get_global_vars()]
+    if "main" not in names or not _quantized(mod["main"]):
+        return mod
+    mutator = _ScalarsBound(mod)
+    for g_var, function in list(mod.functions.items()):
+        if isinstance(function, relax.Function):
+            mutator.builder_.update_func(g_var, mutator.visit_expr(function))
+    return mutator.builder_.get() if mutator.rewritten else mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="jitserve_scalar_operands_bound")
+def scalar_operands_pass(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+    return scalar_operands_bound(mod)
