@@ -165,11 +165,14 @@ def weight_data_problem(model: onnx.ModelProto) -> str | None:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the model's weights (initializers and Constant nodes of the main graph)."""
+    """Bytes of the model's weights (initializers and Constant nodes of the main graph), a quantized model's
+    int8 ones (:func:`integer_weight_names`) too: what memory admission weighs a model by. A QDQ BERT-base
+    holds 85 of its 109 MB in int8."""
     total = 0
+    integer = integer_weight_names(model)
     tensors = [*model.graph.initializer, *(t for n in model.graph.node if (t := constant_value(n)) is not None)]
     for tensor in tensors:
-        if is_weight(tensor):
+        if is_weight(tensor) or tensor.name in integer:
             total += _elements(tensor) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return total
 

@@ -14,8 +14,10 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from compiler.models.model import load_model
 from compiler.models.qoperator import qoperator_as_qdq
 from compiler.models.quantized import integer_ops, integer_path_refusal, output_steps
+from compiler.models.weights import weight_bytes
 from compiler.running.arrays import compare_outputs
 from compiler.running.engines import OrtEngine
+from compiler.tvm.prepare import split_weights
 from tests import convnets, synthetic
 
 
@@ -181,3 +183,15 @@ def test_the_bench_names_each_engines_arithmetic(tmp_path):
     qoperator = load_model(static_quantized_convnet(tmp_path, QuantFormat.QOperator), max_bytes=1 << 26)
     assert precisions(qoperator, "llvm")["tvm"] == tvm
     assert set(precisions(load_model(convnets.residual_model(), max_bytes=1 << 26), "llvm").values()) == {"fp32"}
+
+
+@pytest.mark.parametrize("quantized", [static_quantized_encoder, dynamic_quantized_encoder])
+def test_a_quantized_model_weighs_its_int8_weights_as_they_are_held(tmp_path, quantized):
+    # Memory admission weighs a model by these bytes: the int8 weights are held (split off and mapped) as
+    # the float ones are, and most of a quantized model's bytes are theirs.
+    model = onnx.load_from_string(quantized(tmp_path))
+    _graph, weights = split_weights(model)
+    held = sum(array.nbytes for array in weights.values())
+    int8 = sum(array.nbytes for array in weights.values() if array.dtype in (np.int8, np.uint8))
+    assert int8 > held / 2
+    assert weight_bytes(model) == held
