@@ -29,7 +29,6 @@ Runs in the compile child only (imports TVM).
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import relax, te, topi
 
 from .resize import two_pass_resize
@@ -43,6 +42,7 @@ from .schedules.base import (
     whole_vector_tile,
 )
 from .shapes import static_shape
+from .shared_kernels import SHARED_ELEMENTWISE, BuiltOnce
 
 
 def _channels_static(expr: relax.Expr) -> bool:
@@ -380,61 +380,6 @@ _DEFAULT_CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose").get_attr(
 _DEFAULT_RESIZE2D = tvm.ir.Op.get("relax.image.resize2d").get_attr("FLegalize")
 
 
-# Elementwise ops whose TVM legalization depends on nothing but their attributes and operand types: a
-# quantized graph calls them per layer by the hundred (QDQ BERT-base: 810 quantizes and dequantizes).
-_SHARED_ELEMENTWISE = (
-    "relax.quantize", "relax.dequantize", "relax.astype", "relax.round",
-    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-)  # fmt: skip
-
-
-def _operand_types(call: relax.Call) -> tuple | None:
-    """Each operand's static shape and dtype, where every operand is a variable of static shape; else None
-    (a constant operand is read by value, and a symbolic shape asks for shape arguments)."""
-    types = []
-    for arg in call.args:
-        shape = static_shape(arg)
-        if not isinstance(arg, relax.Var) or shape is None:
-            return None
-        types.append((tuple(shape), str(arg.ty.dtype)))
-    return tuple(types)
-
-
-class _BuiltOnce:
-    """TVM's legalization of an op with each kernel built once per attributes and operand types, and called
-    again for the next operands alike (``reused`` counts those calls); TVM builds a TE function and a kernel per
-    call, and only then finds it equal to one it has. Valid within one run of ``LegalizeOps`` only: the
-    kernels it names are that run's."""
-
-    def __init__(self, op_name: str) -> None:
-        self._legalize = tvm.ir.Op.get(op_name).get_attr("FLegalize")
-        self._built: dict[tuple, list] = {}
-        self.reused = 0
-
-    def __call__(self, bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        types = _operand_types(call)
-        if types is None:
-            return self._legalize(bb, call)
-        alike = self._built.setdefault(types, [])
-        for attrs, kernel, output in alike:
-            if tvm_ffi.structural_equal(attrs, call.attrs):
-                self.reused += 1
-                return relax.op.call_tir(kernel, relax.Tuple(list(call.args)), output)
-        legalized = self._legalize(bb, call)
-        operands = legalized.args[1].fields if getattr(legalized, "op", None) == _CALL_TIR else ()
-        # Remembered only where the kernel takes the call's operands as they are, in their order.
-        if (
-            len(legalized.args) == 2
-            and len(operands) == len(call.args)
-            and all(a.same_as(b) for a, b in zip(operands, call.args, strict=True))
-        ):
-            alike.append((call.attrs, legalized.args[0], legalized.ty_args[0]))
-        return legalized
-
-
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-
-
 def custom_legalizations(symbolic_bounds: SymbolicBounds | None = None) -> dict:
     """The ``customize_legalize_map`` of ``relax.transform.LegalizeOps``, for one run of it; ``symbolic_bounds``:
     the symbolic dims' ranges (the dynamic tier's tiles are planned at their largest sizes)."""
@@ -452,5 +397,5 @@ def custom_legalizations(symbolic_bounds: SymbolicBounds | None = None) -> dict:
         "relax.nn.conv2d_transpose": planned(_conv2d_transpose),
         "relax.layout_transform": _layout_transform,
         "relax.image.resize2d": _resize2d,
-        **{name: _BuiltOnce(name) for name in _SHARED_ELEMENTWISE},
+        **{name: BuiltOnce(name) for name in SHARED_ELEMENTWISE},
     }

@@ -24,9 +24,9 @@ from tvm.s_tir import dlight as dl
 
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
-from .scalar_operands import scalar_operands_pass
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
 from .schedules.base import UNIT_ANNOTATION
+from .shared_kernels import scalar_operands_pass
 from .weight_transform import weight_output_facts
 
 _log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from tvm import relax, tirx
 from compiler.running.engines import TvmEngine
 from compiler.tvm import legalize, pipeline
 from compiler.tvm.build import compile_relax, import_relax
-from compiler.tvm.scalar_operands import scalar_operands_bound
+from compiler.tvm.shared_kernels import SHARED_ELEMENTWISE, scalar_operands_bound
 from tests import synthetic
 from tests.compiler.test_quantized import static_quantized_encoder
 
@@ -84,9 +84,9 @@ def test_kernels_built_once_legalize_as_tvm_does(encoders):
     # constant operands (left to TVM), most alike in attributes and operand types.
     mod = scalar_operands_bound(_through(_imported(encoders[2]), "layout"))
     shared = legalize.custom_legalizations()
-    tvms_own = {name: run for name, run in shared.items() if name not in legalize._SHARED_ELEMENTWISE}
+    tvms_own = {name: run for name, run in shared.items() if name not in SHARED_ELEMENTWISE}
     with tvm.target.Target(TARGET):
         once = relax.transform.LegalizeOps(shared)(mod)
         each = relax.transform.LegalizeOps(tvms_own)(mod)
     tvm.ir.assert_structural_equal(once, each)
-    assert sum(shared[name].reused for name in legalize._SHARED_ELEMENTWISE) > 100
+    assert sum(shared[name].reused for name in SHARED_ELEMENTWISE) > 100
