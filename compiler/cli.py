@@ -47,9 +47,10 @@ def _add_bucket_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="with or instead of --cosine: top class among k")
     parser.add_argument(
         "--precision",
-        choices=("fp32", "bf16"),
+        choices=("fp32", "bf16", "f16"),
         default="fp32",
-        help="bf16: matmuls by weights with bf16 operands and float32 sums, on a CPU with AVX512-BF16 (give a budget)",
+        help="bf16: matmuls by weights with bf16 operands and float32 sums, on a CPU with AVX512-BF16; f16: "
+        "matmuls with float16 operands and float32 sums on CUDA's tensor cores (give a budget)",
     )
 
 
@@ -164,9 +165,14 @@ def _compile_context(args, settings, *, spinning: bool = True):
 def _precision(args, target: dict) -> str:
     """``--precision``, refused where the host CPU (the target it compiles for) has no unit for it."""
     from .building.matrix_units import host_matrix_units
+    from .building.options import TENSOR_CORE_PRECISIONS
     from .errors import BadRequestError
 
     precision = getattr(args, "precision", "fp32")
+    on_cuda = precision in TENSOR_CORE_PRECISIONS
+    if precision != "fp32" and (target["kind"] == "cuda") != on_cuda:
+        where = "CUDA's tensor cores" if on_cuda else "the CPU's matrix units"
+        raise BadRequestError(f"--precision {precision} compiles for {where} only, not for {target['kind']}")
     if precision != "fp32" and target["kind"] == "llvm":
         missing = host_matrix_units().missing(precision)
         if missing:

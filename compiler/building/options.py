@@ -15,6 +15,8 @@ from ..running.precision import AccuracyBudget
 from ..shapes.buckets import Bucket
 from ..tvm import PIPELINE, shipped_tuning_digest
 
+TENSOR_CORE_PRECISIONS = ("f16",)
+"""The reduced precisions compiled for CUDA's tensor cores; the others (``bf16``) for the CPU's units."""
 MAX_RTOL = 1.0
 """Past these a verification passes almost any kernel: a config or setting beyond them is refused."""
 MAX_ATOL = 1.0
@@ -106,9 +108,10 @@ class CompileOptions(BaseModel):
     budget: AccuracyBudget | None = Field(
         None, description="verify within this budget instead of the tolerances (a quantized model's int8 contract)"
     )
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "f16"] = Field(
         "fp32",
-        description="bf16: matmuls by weights with bf16 operands and float32 sums (compiler/tvm/bf16.py); "
+        description="bf16: matmuls by weights with bf16 operands and float32 sums (compiler/tvm/bf16.py); f16 "
+        "(CUDA): matmuls with float16 operands and float32 sums on tensor cores (compiler/tvm/tensor_cores.py); "
         "verified within the budget",
     )
 

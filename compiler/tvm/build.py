@@ -110,10 +110,11 @@ def compile_relax(
     """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest;
     ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with; ``snapshot``: called
     with each stage's name and module (an explain bundle's record); ``precision``: ``"bf16"`` computes the
-    matmuls by weights in bf16 (:mod:`compiler.tvm.bf16`)."""
+    matmuls by weights in bf16 (:mod:`compiler.tvm.bf16`), ``"f16"`` (CUDA) the large matmuls on tensor cores
+    (:mod:`compiler.tvm.tensor_cores`)."""
     target = tvm.target.Target(target_dict)
-    if precision == "bf16":
-        mod = mod.with_attr(PRECISION_ATTR, "bf16")
+    if precision != "fp32":
+        mod = mod.with_attr(PRECISION_ATTR, precision)
     if target.kind.name == "cuda":
         use_exact_cuda_math()
     try:

@@ -27,6 +27,7 @@ from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
 from .schedules.base import UNIT_ANNOTATION
 from .shared_kernels import scalar_operands_pass
+from .tensor_cores import tensor_core_pass
 from .weight_transform import weight_output_facts
 
 _log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def tuned_module_stages(
 
     return [
         ("dispatch", _backend(target).library_dispatch_passes(target)),
-        ("layout", channel_block_passes(target)),
+        ("layout", [*channel_block_passes(target), *([tensor_core_pass] if target.kind.name == "cuda" else [])]),
         ("legalize", [scalar_operands_pass, legalize, relax.transform.AnnotateTIROpPattern()]),
         ("fold_constants", [relax.transform.FoldConstant()]),
         ("fuse", [relax.transform.FuseOps(), relax.transform.FuseTIR(), *math]),

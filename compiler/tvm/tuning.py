@@ -9,16 +9,12 @@ stopped at its time limit keeps what it tuned.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import logging
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
-import types
 from dataclasses import dataclass
 
 import tvm
@@ -29,6 +25,7 @@ from ..measuring.tuning_plan import BUDGET_SPENT, TaskCost, confirmed_winner, pl
 from ..running.engines import TRANSFORM_PARAMS
 from .knob_search import knobs_of, search_knobs
 from .pipeline import tuned_module_passes
+from .tensor_intrinsics import register_tensor_intrinsics
 from .tuning_database import SHIPPED_DIR, merge_into_shared, open_shared_database, read_trials, records_of, workload_key
 from .tuning_runner import (
     CONFIRM_CANDIDATES,
@@ -50,47 +47,6 @@ def build_without_tensor_intrinsics(mod, target, _params):
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm_build(mod, target=target)
-
-
-TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin"
-
-
-def intrinsic_families(target_dict: dict) -> tuple[str, ...] | None:
-    """The tensor-intrinsic modules MetaSchedule's rules may name for this target; None when unknown."""
-    kind = target_dict.get("kind")
-    if kind == "cuda":
-        return ("cuda", "dot_product_common")
-    if kind != "llvm":
-        return None
-    # An llvm target without a triple compiles for this host.
-    arch = str(target_dict.get("mtriple") or platform.machine()).split("-")[0]
-    if arch in ("x86_64", "amd64", "i686"):
-        return ("x86",)
-    if arch.startswith(("aarch64", "arm")):
-        return ("arm_cpu",)
-    return ("riscv_cpu",) if arch.startswith("riscv") else None
-
-
-def register_tensor_intrinsics(target_dict: dict) -> None:
-    """Register only the target's tensor intrinsics before a TuneContext imports them all.
-
-    TuneContext imports tvm.s_tir.tensor_intrin, whose package parses every family's TVMScript
-    (CUDA, ROCm, Arm, Hexagon): 40 s of every tuning run on 2 cores, against 0.4 s for the x86
-    ones alone. A bare package module in its place makes that import a no-op; the target's own
-    family is then imported into it (also where an earlier tuning run in this process left the bare
-    package for another family), so each rule still finds the intrinsics it names."""
-    families = intrinsic_families(target_dict)
-    if families is None:
-        importlib.import_module(TENSOR_INTRINSICS)
-        return
-    if TENSOR_INTRINSICS not in sys.modules:
-        spec = importlib.util.find_spec(TENSOR_INTRINSICS)
-        package = types.ModuleType(TENSOR_INTRINSICS, "Tensor intrinsics of the tuning targets' families only.")
-        package.__path__ = list(spec.submodule_search_locations)
-        package.__package__ = TENSOR_INTRINSICS
-        sys.modules[TENSOR_INTRINSICS] = package
-    for family in families:
-        importlib.import_module(f"{TENSOR_INTRINSICS}.{family}")
 
 
 def without_weight_transform(mod: tvm.ir.IRModule) -> tvm.ir.IRModule:

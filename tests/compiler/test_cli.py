@@ -138,3 +138,15 @@ def test_bf16_is_refused_on_a_cpu_without_a_bf16_unit(two_input, tmp_path):
     result = cli(*args, "--store", str(tmp_path / "s"))
     assert result.returncode != 0 and result.stderr.strip() == f"error: --precision bf16: {missing}"
     assert not (tmp_path / "s").exists() or not any((tmp_path / "s").rglob("manifest.json"))
+
+
+@pytest.mark.parametrize(
+    ("precision", "target", "units"),
+    [("f16", "llvm", "CUDA's tensor cores"), ("bf16", "cuda", "the CPU's matrix units")],
+)
+def test_a_precision_is_refused_for_the_target_it_is_not_compiled_for(two_input, tmp_path, precision, target, units):
+    args = ("compile", str(two_input), "--shape", "a=2,8", "--shape", "b=2,8", "--precision", precision)
+    result = cli(*args, "--target", target, "--store", str(tmp_path / "s"))
+    expected = f"error: --precision {precision} compiles for {units} only, not for {target}"
+    assert result.returncode != 0 and result.stderr.strip() == expected
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").rglob("manifest.json"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
+import onnx
 import pytest
 import tvm
 import tvm_ffi
@@ -15,7 +17,9 @@ from compiler.building.cuda_math import compile_cuda_exactly, use_exact_cuda_mat
 from compiler.building.target import resolve_target
 from compiler.models.model import load_model
 from compiler.storage.store import KernelStore
+from compiler.tvm.build import compile_relax, import_relax
 from tests import convnets
+from tests.synthetic import bert_encoder_model
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA's compiler; no GPU)")
@@ -53,3 +57,60 @@ def test_a_dlight_rule_that_fails_on_a_kernel_declines_it(tmp_path):
     outcome = compile_bucket(model, {"x": (2, 3, 64, 64)}, resolve_target("cuda"), KernelStore(tmp_path))
     assert outcome.manifest.library_bytes > 0
     assert None not in outcome.manifest.schedules.values()
+
+
+_KERNEL_DEFINITION = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)_kernel\([^;{]*\)\s*\{')
+
+
+def _kernel_sources(source: str) -> dict[str, str]:
+    """Each ``__global__`` kernel's CUDA source (its definition, up to the next one) by name."""
+    found = list(_KERNEL_DEFINITION.finditer(source))
+    ends = [match.start() for match in found[1:]] + [len(source)]
+    return {match.group(1): source[match.start() : end] for match, end in zip(found, ends, strict=True)}
+
+
+def _encoder_cuda_source(precision: str) -> tuple[str, dict]:
+    model = onnx.load_from_string(bert_encoder_model(layers=1, hidden=256, heads=4, seq=128))
+    mod = import_relax(model, {"x": (1, 128, 256)}, {"x": "float32"})
+    observed: dict = {}
+    executable = compile_relax(mod, {"kind": "cuda", "arch": "sm_90"}, observed=observed, precision=precision)
+    cuda = [module for module in _modules(executable.mod) if module.kind == "cuda"]
+    return cuda[0].inspect_source(), observed["schedules"]
+
+
+def _modules(module):
+    yield module
+    for imported in module.imports:
+        yield from _modules(imported)
+
+
+@pytest.fixture(scope="module")
+def f16_encoder() -> tuple[str, dict]:
+    return _encoder_cuda_source("f16")
+
+
+def test_an_f16_compile_runs_the_large_matmuls_on_tensor_cores(f16_encoder):
+    """Under an f16 contract the encoder's projections (128 rows, 256 to 1024 wide) are float16 products
+    with float32 sums on wmma fragments; its attention products (64 deep) stay float32, as does all else."""
+    source, schedules = f16_encoder
+    kernels = _kernel_sources(source)
+    on_tensor_cores = {name for name, code in kernels.items() if "wmma::mma_sync" in code}
+    projections = {name for name in schedules if name.startswith("fused_matmul")}
+    assert len(projections) == 5, schedules
+    assert {name for name in on_tensor_cores if name.startswith("fused_matmul")} == projections
+    assert on_tensor_cores <= projections, on_tensor_cores - projections
+    for name in on_tensor_cores:
+        assert "wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>" in kernels[name]
+
+
+def test_an_fp32_compile_uses_no_tensor_core():
+    source, _ = _encoder_cuda_source("fp32")
+    assert "wmma" not in source
+
+
+@needs_nvcc
+def test_the_tensor_core_kernels_compile_to_mma_instructions_for_sm_90(f16_encoder):
+    source, _ = f16_encoder
+    with CUDA:
+        ptx = compile_cuda_exactly(source, "ptx").decode()
+    assert "wmma.mma.sync.aligned" in ptx and ".f16" in ptx

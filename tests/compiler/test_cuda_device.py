@@ -78,3 +78,16 @@ def test_cuda_kernel_verifies_and_answers_like_onnx_runtime(case, store):
     for name, want in expected.items():
         assert answered[name].shape == want.shape
         np.testing.assert_allclose(answered[name], want, rtol=1e-3, atol=1e-3)
+
+
+def test_an_f16_kernel_on_tensor_cores_verifies_within_its_budget(store):
+    """The encoder's projections on float16 tensor cores (float32 sums) answer within an f16 contract's
+    cosine 0.999 of ONNX Runtime's fp32."""
+    from compiler.building.options import CompileOptions
+    from compiler.running.precision import AccuracyBudget
+
+    model = load_model(bert_encoder_model(), max_bytes=64 << 20)
+    options = CompileOptions(precision="f16", budget=AccuracyBudget(cosine=0.999))
+    outcome = compile_bucket(model, {"x": (1, 128, 256)}, resolve_target("cuda", cuda_arch="sm_90"), store, options)
+    assert outcome.manifest.verified is True, outcome.manifest.verification
+    assert outcome.manifest.options.get("precision") == "f16"

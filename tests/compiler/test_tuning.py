@@ -17,7 +17,7 @@ from compiler.measuring.tuning_plan import kernel_times
 from compiler.models.demo import demo_model_bytes
 from compiler.models.model import load_model
 from compiler.storage.store import KernelStore
-from compiler.tvm.tuning import intrinsic_families
+from compiler.tvm.tensor_intrinsics import intrinsic_families
 from tests.rpcfleet import RpcFleet
 
 pytestmark = pytest.mark.slow
@@ -152,7 +152,7 @@ VNNI_SPACE_IN_FRESH_PROCESS = textwrap.dedent(
     """
     import json, sys, time
     started = time.perf_counter()
-    from compiler.tvm.tuning import register_tensor_intrinsics
+    from compiler.tvm.tensor_intrinsics import register_tensor_intrinsics
     import tvm
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
@@ -206,3 +206,25 @@ def test_each_target_family_names_its_intrinsics_module():
     assert intrinsic_families({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}) == ("arm_cpu",)
     assert intrinsic_families({"kind": "cuda", "arch": "sm_90"}) == ("cuda", "dot_product_common")
     assert intrinsic_families({"kind": "rocm"}) is None  # unknown families import the whole package
+
+
+def test_intrinsics_are_parsed_with_the_stack_inspect_would_give():
+    """TVMScript reads each frame's locals and context line from ``inspect.stack()``; the quick stack the
+    intrinsics are imported under gives the same frames, names, lines and context."""
+    import inspect
+
+    from compiler.tvm.tensor_intrinsics import _frames_without_source_lookup
+
+    def caller():
+        return inspect.stack()
+
+    original, slow = inspect.stack, caller()
+    with _frames_without_source_lookup():
+        quick = caller()
+    assert len(quick) == len(slow)
+    for at, (fast, full) in enumerate(zip(quick, slow, strict=True)):
+        assert (fast.filename, fast.function, fast.frame.f_code) == (full.filename, full.function, full.frame.f_code)
+        if at != 1:  # frame 1 is this test, on the two lines that call caller()
+            assert (fast.lineno, fast.code_context) == (full.lineno, full.code_context)
+    assert quick[1].code_context == ["        quick = caller()\n"]
+    assert inspect.stack is original  # put back after the import
