@@ -91,6 +91,9 @@ SHARED_ELEMENTWISE = (
 )  # fmt: skip
 
 
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
 def _operand_types(call: relax.Call) -> tuple | None:
     """Each operand's static shape and dtype, where every operand is a variable of static shape; else None
     (a constant operand is read by value, and a symbolic shape asks for shape arguments)."""
@@ -133,6 +136,3 @@ class BuiltOnce:
         ):
             alike.append((call.attrs, legalized.args[0], legalized.ty_args[0]))
         return legalized
-
-
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
