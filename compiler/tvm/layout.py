@@ -51,7 +51,7 @@ from .integer_conv import (
 )
 from .integer_matmul import integer_matmuls, quantized_gathers, quantized_matmuls
 from .intrinsics import VNNI_UNITS, target_units
-from .main_rewrite import integer_weights, without_integer_weights
+from .main_rewrite import any_call, integer_weights, op_name, without_integer_weights
 from .panels import panel_matmuls
 from .schedules.base import vector_lanes, whole_vector_tile
 from .shapes import static_shape
@@ -333,14 +333,6 @@ def narrow_rows(call: relax.Call, block: int) -> bool:
     return out is not None and (whole_vector_tile(out[3], block) or 0) < 2 * block
 
 
-def _has_conv(func: relax.Function) -> bool:
-    found = []
-    relax.analysis.post_order_visit(
-        func, lambda e: found.append(getattr(getattr(e, "op", None), "name", "") == "relax.nn.conv2d")
-    )
-    return any(found)
-
-
 def blocks_pay(func: relax.Function, block: int) -> bool:
     """Whether the model's convs run channel-blocked: when those on narrow rows hold most of its conv
     work. One layout for the whole model, not one per conv: where the layouts met, a detector's neck
@@ -378,7 +370,9 @@ def channel_block_passes(target: tvm.target.Target) -> list:
 
     def blocked_or_none(mod: tvm.ir.IRModule) -> tvm.ir.IRModule | None:
         """``mod`` with its convs blocked, or ``None`` where it keeps NCHW."""
-        if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()] or not _has_conv(mod["main"]):
+        if "main" not in [g_var.name_hint for g_var in mod.get_global_vars()]:
+            return None
+        if not any_call(mod["main"], lambda call: op_name(call) == "relax.nn.conv2d"):
             return None  # nothing to block: a transformer skips the padding and the judging (1.2 s of BERT's)
         try:
             # Whether blocks pay is judged with the channels padded: a model of 12-channel convs has none

@@ -44,6 +44,13 @@ def op_name(expr) -> str:
     return getattr(getattr(expr, "op", None), "name", "")
 
 
+def any_call(function: relax.Function, predicate: Callable[[relax.Call], bool]) -> bool:
+    """Whether some call in ``function`` satisfies ``predicate``."""
+    found = []
+    relax.analysis.post_order_visit(function, lambda e: found.append(isinstance(e, relax.Call) and predicate(e)))
+    return any(found)
+
+
 def bound_value(mutator: relax.PyExprMutator, expr: relax.Expr) -> relax.Expr:
     """What ``expr`` is bound to where it is a variable ``mutator`` has seen bound, else ``expr``."""
     return mutator.lookup_binding(expr) if isinstance(expr, relax.Var) else expr

@@ -24,7 +24,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .main_rewrite import op_name
+from .main_rewrite import any_call, op_name
 from .shapes import static_shape
 
 _SCALAR_OPERAND_OPS = frozenset(
@@ -39,14 +39,7 @@ def _is_scalar_constant(expr: relax.Expr) -> bool:
 def _quantized(function: relax.Function) -> bool:
     """Whether ``function`` computes an int8 or uint8 tensor: a quantize, or the elementwise form a blocked QDQ
     convnet's quantizes take (:func:`compiler.tvm.integer_conv.quantize_as_elementwise`). No float model does."""
-    found = []
-
-    def visit(expr: relax.Expr) -> None:
-        dtype = getattr(expr.ty, "dtype", None) if isinstance(expr, relax.Call) else None
-        found.append(dtype is not None and str(dtype) in ("int8", "uint8"))
-
-    relax.analysis.post_order_visit(function.body, visit)
-    return any(found)
+    return any_call(function, lambda call: str(getattr(call.ty, "dtype", "")) in ("int8", "uint8"))
 
 
 @relax.expr_functor.mutator
