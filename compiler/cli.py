@@ -52,6 +52,11 @@ def _add_bucket_arguments(parser: argparse.ArgumentParser) -> None:
         help="bf16: matmuls by weights with bf16 operands and float32 sums, on a CPU with AVX512-BF16; f16: "
         "matmuls with float16 operands and float32 sums on CUDA's tensor cores (give a budget)",
     )
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="CUDA, static buckets: capture the kernels as CUDA graphs, replayed each call (bench on CUDA times both)",
+    )
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -157,9 +162,19 @@ def _compile_context(args, settings, *, spinning: bool = True):
         shipped_tuning=settings.shipped_tuning,
         budget=_budget(args),
         precision=_precision(args, target),
+        cuda_graph=_cuda_graph(args, target),
     )
     store = KernelStore(args.store or settings.kernel_store_dir)
     return model, buckets, target, options, store
+
+
+def _cuda_graph(args, target: dict) -> bool:
+    """``--cuda-graph``, refused off CUDA."""
+    from .errors import BadRequestError
+
+    if getattr(args, "cuda_graph", False) and target["kind"] != "cuda":
+        raise BadRequestError(f"--cuda-graph captures CUDA kernels, not {target['kind']} ones")
+    return getattr(args, "cuda_graph", False)
 
 
 def _precision(args, target: dict) -> str:

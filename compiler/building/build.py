@@ -182,6 +182,7 @@ def compile_bucket(
                     explain_code=options.explain_code,
                     budget=options.budget.model_dump() if options.budget else None,
                     precision=options.precision,
+                    cuda_graph=options.cuda_graph,
                 )
                 facts = run_in_child(
                     builder,

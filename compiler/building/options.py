@@ -115,6 +115,12 @@ class CompileOptions(BaseModel):
         "verified within the budget",
     )
 
+    cuda_graph: bool = Field(
+        False,
+        description="CUDA, static buckets: the VM call's kernels captured as CUDA graphs and replayed "
+        "(compiler/tvm/cuda_graphs.py); a launch per kernel saved, host work that dominates small batches",
+    )
+
     def child_limits(self) -> dict:
         """``run_in_child``'s priority and memory arguments for a child working for this compile."""
         return {"nice": self.nice, "idle_priority": self.idle_priority, "memory_limit": self.memory_limit_bytes}
@@ -124,6 +130,8 @@ class CompileOptions(BaseModel):
         """The engine its kernel is: ``tvm``, ``tvm-tuned`` or ``tvm-bf16``."""
         if self.precision != "fp32":
             return f"tvm-{self.precision}"
+        if self.cuda_graph:
+            return "tvm-graph"
         return "tvm-tuned" if self.tune_trials else "tvm"
 
     def key_options(self) -> dict:
@@ -139,6 +147,8 @@ class CompileOptions(BaseModel):
             key["verify"]["budget"] = self.budget.model_dump(exclude_none=True)
         if self.precision != "fp32":
             key["precision"] = self.precision
+        if self.cuda_graph:
+            key["cuda_graph"] = True
         if self.tune_trials:
             key["tune"] = [self.tune_trials, self.tune_trials_per_task]
         if self.shipped_tuning:  # its records choose schedules: a new release's file, new kernels
@@ -190,6 +200,8 @@ class BuildJob:
     tolerances."""
     precision: str = "fp32"
     """``bf16``: the matmuls by weights computed in bf16 (``compile_relax``'s ``precision``)."""
+    cuda_graph: bool = False
+    """The kernels captured as CUDA graphs (``compile_relax``'s ``cuda_graph``)."""
 
 
 @dataclass(frozen=True)

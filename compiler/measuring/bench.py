@@ -20,7 +20,7 @@ from ..models.model import LoadedModel
 from ..running.arrays import random_inputs
 from ..running.engines import Engine, OrtEngine
 from ..running.precision import compare_within_budget
-from ..shapes.buckets import Bucket, bucket_label
+from ..shapes.buckets import Bucket, bucket_label, is_symbolic
 from ..storage.store import KernelStore
 from .profile import compare_by_class, format_profile, kernel_profile, ort_profile
 from .timing import median_latencies_ms
@@ -58,6 +58,8 @@ def bench_bucket(
                 "database_dir": str(store.tuning_database),
             }
         )
+    if kind == "cuda" and not is_symbolic(bucket) and not options.cuda_graph:
+        tiers["tvm_graph"] = options.model_copy(update={"cuda_graph": True})  # a launch per kernel saved
     facts: dict = {
         "bucket": bucket_label(bucket),
         "target": kind,
@@ -73,6 +75,8 @@ def bench_bucket(
         engines[tier] = open_kernel(model, outcome, store, kind)
         if tier == "tvm":
             facts |= {"compile_seconds": round(manifest.compile_seconds, 2), "cached": outcome.cached}
+        elif tier == "tvm_graph":
+            facts["cuda_graph"] = manifest.cuda_graph
         else:
             tuning = manifest.tuning or {}
             facts |= {

@@ -87,6 +87,10 @@ class Manifest(BaseModel):
     engine computes each once at load; the kernels of a model version share every output whose digest
     they agree on. None where the kernel takes the prepared weights as they are."""
 
+    cuda_graph: dict | None = None
+    """A CUDA kernel compiled with CUDA graphs: how many graphs a call replays, the kernel launches in them
+    (``kernels_in_graphs``) and those launched alone; None for any other."""
+
     @property
     def unscheduled(self) -> list[str]:
         """The kernels no rule and no tuning record scheduled."""

@@ -31,6 +31,7 @@ from ..running.precision import AccuracyBudget, compare_within_budget
 from ..shapes.buckets import dim_step, is_symbolic
 from . import COMPILER_VERSION
 from .bf16 import PRECISION_ATTR
+from .cuda_graphs import CUDA_GRAPH_ATTR, CUDA_GRAPH_OPTION
 from .explain import StageRecorder, write_bundle
 from .main_rewrite import with_integer_weights
 from .onnx_import import import_onnx, read_steps
@@ -106,20 +107,29 @@ def compile_relax(
     symbolic_bounds: dict[str, tuple[int, int]] | None = None,
     snapshot=None,
     precision: str = "fp32",
+    cuda_graph: bool = False,
 ):
     """Build ``mod``; ``stage_seconds`` receives the Relax pipeline's stages, ``observed`` its schedule digest;
     ``symbolic_bounds``: each symbolic dim's range, which the schedules plan with; ``snapshot``: called
     with each stage's name and module (an explain bundle's record); ``precision``: ``"bf16"`` computes the
     matmuls by weights in bf16 (:mod:`compiler.tvm.bf16`), ``"f16"`` (CUDA) the large matmuls on tensor cores
-    (:mod:`compiler.tvm.tensor_cores`)."""
+    (:mod:`compiler.tvm.tensor_cores`); ``cuda_graph`` (CUDA): the kernels captured as CUDA graphs
+    (:mod:`compiler.tvm.cuda_graphs`)."""
     target = tvm.target.Target(target_dict)
     if precision != "fp32":
         mod = mod.with_attr(PRECISION_ATTR, precision)
+    if cuda_graph:
+        if target.kind.name != "cuda":
+            raise CompileError(f"CUDA graphs are for the cuda target, not {target.kind.name}")
+        mod = mod.with_attr(CUDA_GRAPH_ATTR, True)
     if target.kind.name == "cuda":
         use_exact_cuda_math()
     try:
         pipeline = build_pipeline(target, database, stage_seconds, observed, symbolic_bounds, snapshot=snapshot)
-        return tvm.compile(mod, target, relax_pipeline=pipeline)
+        if not cuda_graph:
+            return tvm.compile(mod, target, relax_pipeline=pipeline)
+        with tvm.transform.PassContext(config={CUDA_GRAPH_OPTION: True}):
+            return tvm.compile(mod, target, relax_pipeline=pipeline)
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None
 
@@ -202,11 +212,12 @@ def build_and_verify(job: BuildJob) -> dict:
     recorder = StageRecorder(mod) if job.explain_dir else None
     executable = compile_relax(
         mod, job.target, database, pipeline_stages, observed, symbolic_bounds=bounds, snapshot=recorder,
-        precision=job.precision,
+        precision=job.precision, cuda_graph=job.cuda_graph,
     )  # fmt: skip
     facts["schedule_digest"] = observed.get("schedule_digest")
     facts["schedules"] = observed.get("schedules")
     facts["weight_outputs"] = observed.get("weight_outputs")
+    facts["cuda_graph"] = observed.get("cuda_graph")
     clock.lap("codegen", after=pipeline_stages)  # the rest of tvm.compile: TIR lowering, LLVM/NVCC
     executable.export_library(job.library_path)
     clock.lap("export")

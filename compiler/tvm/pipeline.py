@@ -22,6 +22,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import dlight as dl
 
+from .cuda_graphs import graph_facts, stage_inputs_pass, wants_cuda_graph
 from .layout import channel_block_passes
 from .legalize import custom_legalizations
 from .schedules import SymbolicBounds, default_cpu_rules, vectorizable_math_pass
@@ -188,10 +189,11 @@ def build_pipeline(
     def stages() -> list[tuple[str, list]]:
         # Built under the target: MetaScheduleApplyDatabase reads Target.current() when constructed.
         tuned = [relax.transform.MetaScheduleApplyDatabase(enable_warning=False)] if database is not None else []
+        graph_staging = [stage_inputs_pass] if target.kind.name == "cuda" else []
         return [
             *tuned_module_stages(target, symbolic_bounds),
             ("apply_tuning_records", tuned),
-            ("schedule", [default_schedule_pass(target, symbolic_bounds, schedules, units)]),
+            ("schedule", [*graph_staging, default_schedule_pass(target, symbolic_bounds, schedules, units)]),
             ("lower", backend.dataflow_lower_passes(target) + backend.finalize_passes(target)),
         ]
 
@@ -210,6 +212,8 @@ def build_pipeline(
                 stage_seconds[name] = stage_seconds.get(name, 0.0) + time.perf_counter() - started
             if name == "layout" and observed is not None:
                 observed["weight_outputs"] = weight_output_facts(mod)
+            if name == "lower" and observed is not None and wants_cuda_graph(mod):
+                observed["cuda_graph"] = graph_facts(mod)
             if name == "schedule" and observed is not None:
                 observed["schedule_digest"] = schedule_digest(mod)
                 observed["schedules"] = dict(sorted(schedules.items()))

@@ -82,6 +82,7 @@ def test_compile_then_cached(two_input, tmp_path):
         (("compile", "{model}", "--shape", "a=2,8", "--shape", "b=2,8", "--target", "tpu"), "unknown target"),
         (("compile", "{garbage}", "--shape", "a=2,8"), "not an ONNX model"),
         (("compile", "{model}", "--shape", "a=2,8", "--shape", "b=2,8", "--cosine", "1.5"), "--cosine/--top-k"),
+        (("compile", "{model}", "--shape", "a=2,8", "--shape", "b=2,8", "--cuda-graph"), "not llvm ones"),
     ],
 )
 def test_bad_input_gives_one_line_error(two_input, tmp_path, args, message):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
+from pathlib import Path
 
 import onnx
 import pytest
@@ -114,3 +116,51 @@ def test_the_tensor_core_kernels_compile_to_mma_instructions_for_sm_90(f16_encod
     with CUDA:
         ptx = compile_cuda_exactly(source, "ptx").decode()
     assert "wmma.mma.sync.aligned" in ptx and ".f16" in ptx
+
+
+def test_a_cuda_graph_compile_is_keyed_apart_and_says_what_it_captured():
+    from compiler.building.options import CompileOptions
+
+    model = load_model(bert_encoder_model(layers=2, hidden=256, heads=4, seq=128), max_bytes=64 << 20)
+    target = resolve_target("cuda", cuda_arch="sm_90")
+    store = KernelStore(Path(tempfile.mkdtemp()))
+    plain = compile_bucket(model, {"x": (1, 128, 256)}, target, store).manifest
+    graphed = compile_bucket(model, {"x": (1, 128, 256)}, target, store, CompileOptions(cuda_graph=True)).manifest
+    assert plain.cuda_graph is None and "cuda_graph" not in plain.options
+    assert graphed.key != plain.key and graphed.options["cuda_graph"] is True
+    assert graphed.cuda_graph["graphs"] == 1 and graphed.cuda_graph["launched_alone"] == 2, graphed.cuda_graph
+    assert graphed.schedules["stage_input"] is not None  # the copy is scheduled like any kernel
+
+
+def _lowered_graph_facts(mod, **options) -> dict:
+    from compiler.tvm.cuda_graphs import graph_facts
+
+    stages = {}
+    compile_relax(mod, {"kind": "cuda", "arch": "sm_90"}, snapshot=stages.__setitem__, **options)
+    return graph_facts(stages["lower"])
+
+
+def test_a_cuda_graph_holds_every_kernel_but_the_input_copy_and_the_output():
+    """Staged, the encoder's kernels (the projections reading the input among them) are one graph: a copy of
+    the input and the kernel writing the returned tensor launch alone. TVM's rewrite alone leaves each kernel
+    that reads the call's input (a fresh tensor per call) outside, and splits the graphs around them."""
+    model = onnx.load_from_string(bert_encoder_model(layers=1, hidden=256, heads=4, seq=128))
+    mod = import_relax(model, {"x": (1, 128, 256)}, {"x": "float32"})
+    plain = _lowered_graph_facts(mod)
+    staged = _lowered_graph_facts(mod, cuda_graph=True)
+    unstaged_pass = tvm.transform.module_pass(lambda module, _ctx: module, opt_level=0, name="unstaged")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("compiler.tvm.pipeline.stage_inputs_pass", unstaged_pass)
+        unstaged = _lowered_graph_facts(mod, cuda_graph=True)
+    assert plain["graphs"] == 0 and plain["kernels_in_graphs"] == 0
+    assert staged == {"graphs": 1, "kernels_in_graphs": plain["launched_alone"] - 1, "launched_alone": 2}
+    # Q, K and V projections, the residual, and the output's kernel
+    assert unstaged["launched_alone"] == 5 and unstaged["graphs"] > 1, unstaged
+
+
+def test_cuda_graphs_are_refused_off_cuda():
+    from compiler.errors import CompileError
+
+    mod = import_relax(onnx.load_from_string(bert_encoder_model(layers=1)), {"x": (1, 128, 256)}, {"x": "float32"})
+    with pytest.raises(CompileError, match="CUDA graphs are for the cuda target, not llvm"):
+        compile_relax(mod, {"kind": "llvm"}, cuda_graph=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.building.build import compile_bucket
+from compiler.building.build import compile_bucket, open_kernel
 from compiler.building.target import resolve_target
 from compiler.models.model import load_model
 from compiler.models.weights import load_weights
@@ -91,3 +91,26 @@ def test_an_f16_kernel_on_tensor_cores_verifies_within_its_budget(store):
     outcome = compile_bucket(model, {"x": (1, 128, 256)}, resolve_target("cuda", cuda_arch="sm_90"), store, options)
     assert outcome.manifest.verified is True, outcome.manifest.verification
     assert outcome.manifest.options.get("precision") == "f16"
+
+
+@pytest.mark.parametrize("case", ["encoder", "residual"])
+def test_a_cuda_graph_kernel_replays_with_each_call_s_input(case, store):
+    """Captured at its first call, the graphs replay at later ones on the new inputs: the answers equal the
+    plain kernel's, input after input (a stale capture would answer the first input again)."""
+    from compiler.building.options import CompileOptions
+
+    build_model, bucket = CASES[case]
+    model = load_model(build_model(), max_bytes=64 << 20)
+    target = resolve_target("cuda", cuda_arch="sm_90")
+    kernels = []
+    for options in (CompileOptions(), CompileOptions(cuda_graph=True)):
+        outcome = compile_bucket(model, bucket, target, store, options)
+        assert outcome.manifest.verified is True, outcome.manifest.verification
+        kernels.append(open_kernel(model, outcome, store, "cuda"))
+    assert outcome.manifest.cuda_graph["graphs"] >= 1, outcome.manifest.cuda_graph
+    plain, graphed = kernels
+    for seed in (21, 22, 23):
+        inputs = random_inputs(bucket, {"x": "float32"}, seed)
+        want, got = plain.run(inputs), graphed.run(inputs)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
