@@ -21,6 +21,7 @@ from .auth import check_exposure
 from .console import DOCS_ASSETS_URL, docs_assets
 from .console import router as console_router
 from .explain_routes import router as explain_router
+from .generate import router as generate_router
 from .grpc_api.front_door import GrpcFrontDoor
 from .hot_routes import HotRoutesApp
 from .openapi import finish_openapi
@@ -69,6 +70,7 @@ def create_app(
     app.include_router(console_router)
     app.mount(DOCS_ASSETS_URL, docs_assets(), name="docs-assets")
     app.include_router(v2_router)
+    app.include_router(generate_router)
     finish_openapi(app)
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:

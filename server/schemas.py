@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .runtime.generation.sampling import SamplingParameters
 from .runtime.models.state import BucketState, TuningStatus
 
 
@@ -161,6 +162,30 @@ class ModelDescription(BaseModel):
     weights: WeightsDescription | None = Field(
         None, description="the version's weights as its engines hold them; null while no kernel holds them"
     )
+    generation: dict[str, Any] | None = Field(
+        None,
+        description="a decoder with a key/value cache: what was recognised (its cache's layers, heads, "
+        "positions), its running and waiting sequences and cache blocks; null for any other model",
+    )
+
+
+class GenerateRequest(BaseModel):
+    """Triton's generate extension, in token ids: the prompt and the sampling parameters."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"input_ids": [464, 3290, 318], "parameters": {"max_tokens": 8}}]},
+    )
+
+    input_ids: list[int] = Field(description="the prompt's token ids")
+    parameters: SamplingParameters = Field(default_factory=SamplingParameters)
+
+
+class GenerateResponse(BaseModel):
+    model_name: str
+    model_version: str
+    output_ids: list[int] = Field(description="the generated token ids (a stop token included)")
+    finish_reason: str = Field(description="stop: a stop token; length: max_tokens or the model's positions")
 
 
 class ModelList(BaseModel):

@@ -335,6 +335,92 @@ def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, voca
     return make_model(graph).SerializeToString()
 
 
+def kv_cache_decoder_model(
+    layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 97, positions: int = 64
+) -> bytes:
+    """A GPT-2-style decoder with its key/value cache as inputs and outputs, as ``optimum`` exports one:
+    ``input_ids`` [batch, new], ``attention_mask`` [batch, past + new], ``position_ids`` [batch, new] and
+    ``past_key_values.{i}.key`` / ``.value`` [batch, heads, past, head_dim] in; ``logits`` [batch, new,
+    vocab] and ``present.{i}.key`` / ``.value`` (the past with the new positions appended) out. A key is
+    attended where it is not in the future of the query (``past + query``) and the mask holds 1 for it.
+    ``positions`` rows of learned position embeddings. Deterministic weights (seed 2026)."""
+    if hidden % heads:
+        raise ValueError("hidden must be a multiple of heads")
+    head_dim = hidden // heads
+    graph = _Graph(2026)
+    const, weight, node, linear, heads_of = graph.const, graph.weight, graph.node, graph.linear, graph.heads
+
+    def layer_norm(src: str, name: str) -> str:
+        return graph.layer_norm(src, name, hidden)
+
+    const("heads_shape", np.array([0, -1, heads, head_dim], dtype=np.int64))
+    const("merge_shape", np.array([0, -1, hidden], dtype=np.int64))
+    const("scale", np.array(np.sqrt(head_dim), dtype=np.float32))
+    const("lowest", np.array(np.finfo(np.float32).min, dtype=np.float32))
+    const("zero", np.array(0, dtype=np.int64))
+    const("one", np.array(1, dtype=np.int64))
+    const("two", np.array(2, dtype=np.int64))
+    const("axis0", np.array([0], dtype=np.int64))
+    const("axis1", np.array([1], dtype=np.int64))
+    const("axes12", np.array([1, 2], dtype=np.int64))
+    const("c_half", np.array(0.5, dtype=np.float32))
+    const("c_one", np.array(1.0, dtype=np.float32))
+    # Past and total lengths; a key is blocked where it lies after the query or the mask holds 0 for it.
+    past_length = node("Gather", [node("Shape", ["past_key_values.0.key"], "past_shape"), "two"], "past_len", axis=0)
+    new_length = node("Gather", [node("Shape", ["input_ids"], "ids_shape"), "one"], "new_len", axis=0)
+    total = node("Add", [past_length, new_length], "total_len")
+    key_pos = node("Unsqueeze", [node("Range", ["zero", total, "one"], "keys"), "axis0"], "key_pos")
+    query_pos = node("Unsqueeze", [node("Range", [past_length, total, "one"], "queries"), "axis1"], "query_pos")
+    future = node("Greater", [key_pos, query_pos], "future")
+    masked_out = node(
+        "Unsqueeze",
+        [node("Equal", ["attention_mask", node("Sub", ["one", "one"], "nought")], "pad"), "axes12"],
+        "pad_4d",
+    )
+    blocked = node("Or", [future, masked_out], "blocked")
+    h = node(
+        "Add",
+        [
+            node("Gather", [weight("wte", (vocab, hidden), 0.5), "input_ids"], "tokens"),
+            node("Gather", [weight("wpe", (positions, hidden), 0.1), "position_ids"], "places"),
+        ],
+        "embedded",
+    )
+    inputs = [
+        value("input_ids", "int64", ["batch", "new"]),
+        value("attention_mask", "int64", ["batch", "total"]),
+        value("position_ids", "int64", ["batch", "new"]),
+    ]
+    outputs = [value("logits", "float32", ["batch", "new", vocab])]
+    for i in range(layers):
+        p = f"l{i}_"
+        x = layer_norm(h, f"{p}ln1")
+        q = heads_of(linear(x, f"{p}q", hidden, hidden), [0, 2, 1, 3])
+        keys = node("Concat", [f"past_key_values.{i}.key", heads_of(linear(x, f"{p}k", hidden, hidden), [0, 2, 1, 3])],
+                    f"present.{i}.key", axis=2)  # fmt: skip
+        values = node(
+            "Concat", [f"past_key_values.{i}.value", heads_of(linear(x, f"{p}v", hidden, hidden), [0, 2, 1, 3])],
+            f"present.{i}.value", axis=2,
+        )  # fmt: skip
+        for kind in ("key", "value"):
+            inputs.append(value(f"past_key_values.{i}.{kind}", "float32", ["batch", heads, "past", head_dim]))
+            outputs.append(value(f"present.{i}.{kind}", "float32", ["batch", heads, "total", head_dim]))
+        k_t = node("Transpose", [keys], f"{p}keys_t", perm=[0, 1, 3, 2])
+        scores = node("Div", [node("MatMul", [q, k_t], f"{p}qk"), "scale"], f"{p}scores")
+        probs = node("Softmax", [node("Where", [blocked, "lowest", scores], f"{p}masked")], f"{p}probs", axis=-1)
+        ctx = node("Transpose", [node("MatMul", [probs, values], f"{p}ctx_h")], f"{p}ctx_t", perm=[0, 2, 1, 3])
+        h = node(
+            "Add", [h, linear(node("Reshape", [ctx, "merge_shape"], f"{p}ctx"), f"{p}o", hidden, hidden)], f"{p}r1"
+        )
+        up = linear(layer_norm(h, f"{p}ln2"), f"{p}up", hidden, 4 * hidden)
+        gate = node("Mul", [node("Add", [node("Tanh", [up], f"{p}tanh"), "c_one"], f"{p}plus"), "c_half"], f"{p}g")
+        h = node("Add", [h, linear(node("Mul", [up, gate], f"{p}act"), f"{p}down", 4 * hidden, hidden)], f"{p}r2")
+    head = weight("head", (hidden, vocab), 4.0 / np.sqrt(hidden))
+    node("MatMul", [layer_norm(h, "ln_f"), head], "logits")
+    graph = helper.make_graph(graph.nodes, "kv_cache_decoder", inputs, outputs, initializer=graph.inits)
+    return make_model(graph).SerializeToString()
+
+
 def embedding_model(vocab: int = 50, dim: int = 8, *, computed_index: bool = False) -> bytes:
     """``y = ReduceMean(Gather(table, ids), axis=1)`` over ``ids: [batch, seq]`` int64: a text
     encoder's embedding. With ``computed_index`` the table is indexed by ``ids + 1``, a value no

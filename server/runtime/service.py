@@ -27,6 +27,9 @@ from .compiling.compile_admission import CompileAdmission
 from .compiling.router import Router
 from .compiling.scheduler import CompileScheduler
 from .compiling.tuner import BackgroundTuner
+from .generation.generation import Generation
+from .generation.generator import Sequence
+from .generation.sampling import SamplingParameters
 from .memory.allocator import return_memory_now_and_after
 from .memory.kernel_cache import Kernels
 from .models.model_admission import ModelAdmission
@@ -66,6 +69,7 @@ class ModelService:
     store_watch: StoreWatch
     store_janitor: StoreJanitor
     json_parsers: JsonParsers
+    generation: Generation
     requests: RequestPath
     _startup_models: set[tuple[str, int]] = field(default_factory=set, init=False)
     """(name, version) of the models served at start, whose warm buckets gate readiness."""
@@ -108,6 +112,7 @@ class ModelService:
         self.inference.close()
         self.shadow.close()
         self.json_parsers.close()
+        self.generation.close()
 
     @property
     def jit_enabled(self) -> bool:
@@ -126,9 +131,11 @@ class ModelService:
         return self._describe(self.registry.get(name))
 
     def _describe(self, served: ServedModel) -> dict:
+        generation = self.generation.describe(served)
         return served.describe() | {
             "compile_admission": self.compile_admission.describe(served),
             "weights": self.kernels.describe_weights(served),
+            **({"generation": generation} if generation else {}),
         }
 
     def register(self, name: str, data: bytes, config: dict | None = None, *, replace: bool = False) -> dict:
@@ -199,6 +206,10 @@ class ModelService:
     async def infer(self, codec: Codec) -> tuple[Any, Prediction]:
         """A protocol's request, whole: the one way a request enters the runtime (:mod:`.requests`)."""
         return await self.requests.infer(codec)
+
+    def generate(self, name: str, prompt: list[int], parameters: SamplingParameters) -> Sequence:
+        """A generate request's sequence, joining its model's running batch; its events say how it goes."""
+        return self.generation.generator(self.registry.get(name)).submit(prompt, parameters)
 
     def predict(self, name: str, inputs: Any) -> Prediction:
         """Prepare and run a request in the calling thread."""

@@ -16,6 +16,7 @@ from .compiling.openvino_builds import OpenVinoBuilds
 from .compiling.router import Router
 from .compiling.scheduler import CompileScheduler
 from .compiling.tuner import BackgroundTuner
+from .generation.generation import Generation
 from .memory.allocator import fix_mmap_threshold, return_memory_now_and_after
 from .memory.kernel_cache import EngineOpener, KernelCache, Kernels, open_tvm_engine
 from .memory.memory_guard import MemoryGuard
@@ -55,7 +56,8 @@ def build_runtime(
     artifacts = KernelStore(settings.kernel_store_dir)
     memory_guard = MemoryGuard(settings.memory_bytes, metrics, lambda: kernels.weights.total_bytes)
     kernels = _kernels(settings, metrics, artifacts, open_engine, kernel_threads, memory_guard=memory_guard)
-    registry = Registry(on_retire=partial(release_retired, kernels))
+    generation = Generation(settings, metrics)
+    registry = Registry(on_retire=partial(release_retired, kernels, generation))
     explanations = Explanations(artifacts, settings.explain_profile_seconds, kernel_threads or None)
     router = Router(settings, metrics, models_store, artifacts)
     shadow = ShadowChecks(settings, metrics, router)
@@ -115,6 +117,7 @@ def build_runtime(
             settings, artifacts, models_store, served=registry.all, in_use=kernels.loaded_keys, metrics=metrics
         ),
         json_parsers=json_parsers,
+        generation=generation,
         requests=RequestPath(registry, inference, body_budget, json_parsers),
     )
 
@@ -148,9 +151,10 @@ def _kernels(
     )
 
 
-def release_retired(kernels: Kernels, served: ServedModel) -> None:
-    """A version deleted, replaced or unloaded: its kernels and weights go, and the memory goes back to
-    the system now and once the requests still running on it have ended."""
+def release_retired(kernels: Kernels, generation: Generation, served: ServedModel) -> None:
+    """A version deleted, replaced or unloaded: its kernels, weights and generation loop go, and the memory
+    goes back to the system now and once the requests still running on it have ended."""
+    generation.retire(served)
     kernels.forget(served)
     return_memory_now_and_after(RELEASE_AGAIN_SECONDS)
 

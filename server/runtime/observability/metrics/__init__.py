@@ -17,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from .compiles import CompileMetrics
 from .correctness import CorrectnessMetrics
 from .fleet import FleetMetrics
+from .generation import GenerationMetrics
 from .kernels import KernelMetrics
 from .memory import MemoryMetrics
 from .serving import RequestMetrics
@@ -39,6 +40,8 @@ class Metrics:
         self.fleet = FleetMetrics(registry)
         self.store = StoreMetrics(registry)
         self.memory = MemoryMetrics(registry)
+        self.generation = GenerationMetrics(registry)
+        """Generative decoding: first token, between tokens, sequences, the key/value cache."""
         self.before_scrape(self.memory.refresh_resident)
 
     def before_scrape(self, refresh: Callable[[], None]) -> None:

@@ -1,0 +1,286 @@
+"""One decoder model's generation loop: sequences submitted from any thread, decoded by one thread, step by
+step. At every step the waiting sequences' prompts are prefilled (each its own call) and join the running
+batch; the running sequences are decoded together as one call, their caches padded to the longest and the
+padding masked (where the model takes ``attention_mask`` and ``position_ids``; one call each otherwise);
+finished and cancelled sequences leave. The cache of each sequence is held here between its steps: the
+``present`` tensors of its last step, handed back as the next step's ``past``.
+
+The engine is ONNX Runtime (the floor every model is served by at once); it returns each step's ``present``
+as a new tensor (the past with one position appended), so a step copies the cache once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.errors import BadRequestError, UnavailableError
+from compiler.models.decoder import DecoderSpec
+
+from ..observability.metrics.generation import GenerationMetrics
+from .kv_blocks import KvBlocks
+from .sampling import SamplingParameters, next_token
+
+log = logging.getLogger("jitserve")
+
+DONE = "done"
+TOKEN = "token"
+ERROR = "error"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generate request: its prompt, what it generated, and its cache between steps. Its events (a token,
+    the end and why) are read by the request's thread from ``events``."""
+
+    prompt: list[int]
+    parameters: SamplingParameters
+    blocks: int
+    arrived: float = field(default_factory=time.perf_counter)
+    tokens: list[int] = field(default_factory=list)
+    cache: dict[str, np.ndarray] = field(default_factory=dict)
+    events: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    finish_reason: str | None = None
+    last_token_at: float = 0.0
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.parameters.seed)
+
+    @property
+    def length(self) -> int:
+        """Positions in its cache."""
+        return len(self.prompt) + len(self.tokens) - (1 if self.tokens else 0)
+
+    def cancel(self) -> None:
+        """The client went away: the sequence leaves the batch at the next step and frees its cache."""
+        self.cancelled.set()
+
+
+class Generator:
+    """The generation loop of one decoder model over ``session`` (an ONNX Runtime InferenceSession)."""
+
+    def __init__(
+        self,
+        model: str,
+        spec: DecoderSpec,
+        session,
+        blocks: KvBlocks,
+        metrics: GenerationMetrics,
+        *,
+        max_batch: int,
+        max_waiting: int,
+        max_tokens: int,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.session = session
+        self.blocks = blocks
+        self.metrics = metrics
+        self.max_batch = max_batch
+        self.max_waiting = max_waiting
+        self.max_tokens = max_tokens
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._outputs = [out.name for out in session.get_outputs()]
+        self._thread = threading.Thread(target=self._loop, name=f"generate-{model}", daemon=True)
+        self._thread.start()
+
+    # -- requests ------------------------------------------------------------
+
+    def check(self, prompt: list[int], parameters: SamplingParameters) -> None:
+        """400 naming the field for a prompt or limit the model cannot take."""
+        spec = self.spec
+        if not prompt:
+            raise BadRequestError("input_ids: the prompt holds no token")
+        bad = [token for token in prompt if not 0 <= token < spec.vocab]
+        if bad:
+            raise BadRequestError(f"input_ids: token id {bad[0]} is not in the vocabulary [0, {spec.vocab - 1}]")
+        if parameters.max_tokens > self.max_tokens:
+            raise BadRequestError(f"max_tokens: {parameters.max_tokens} is past this server's limit {self.max_tokens}")
+        bad_stop = [token for token in parameters.stop if not 0 <= token < spec.vocab]
+        if bad_stop:
+            raise BadRequestError(f"stop: token id {bad_stop[0]} is not in the vocabulary [0, {spec.vocab - 1}]")
+        limit = spec.max_positions
+        if limit is not None and len(prompt) > limit:
+            raise BadRequestError(f"input_ids: {len(prompt)} prompt tokens are past the model's {limit} positions")
+        if limit is not None and len(prompt) + parameters.max_tokens - 1 > limit:
+            room = limit - len(prompt) + 1
+            raise BadRequestError(
+                f"max_tokens: {parameters.max_tokens} new tokens after a {len(prompt)}-token prompt pass the "
+                f"model's {limit} positions (at most {room})"
+            )
+
+    def submit(self, prompt: list[int], parameters: SamplingParameters) -> Sequence:
+        """A checked sequence with its cache blocks reserved, waiting to join the batch; 503 where the cache or
+        the waiting queue is full."""
+        self.check(prompt, parameters)
+        with self._wake:
+            if self._closed:
+                raise UnavailableError(f"model {self.model!r} is no longer served")
+            if len(self._waiting) >= self.max_waiting:
+                raise UnavailableError(f"{len(self._waiting)} sequences already wait to join the batch; retry later")
+            reserved = self.blocks.reserve(len(prompt) + parameters.max_tokens)
+            sequence = Sequence(prompt, parameters, reserved)
+            self._waiting.append(sequence)
+            self._publish()
+            self._wake.notify()
+        return sequence
+
+    def close(self) -> None:
+        """Stop the loop; sequences still waiting or running end with an error event."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    def describe(self) -> dict:
+        with self._wake:
+            running, waiting = len(self._running), len(self._waiting)
+        return {
+            "decoder": self.spec.describe(),
+            "running": running,
+            "waiting": waiting,
+            "cache_blocks": {"used": self.blocks.used, "total": self.blocks.total,
+                             "positions_per_block": self.blocks.block_positions},
+        }  # fmt: skip
+
+    # -- the loop --------------------------------------------------------------
+
+    def _publish(self) -> None:
+        self.metrics.set_state(
+            model=self.model, running=len(self._running), waiting=len(self._waiting), cache_blocks=self.blocks.used
+        )
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not self._running:
+                    self._wake.wait()
+                if self._closed:
+                    break
+                room = self.max_batch - len(self._running)
+                joining, self._waiting = self._waiting[:room], self._waiting[room:]
+            try:
+                self._step(joining)
+            except Exception as exc:
+                log.exception("generation step of %s failed", self.model)
+                for sequence in [*joining, *self._running]:
+                    self._end(sequence, ERROR, f"{type(exc).__name__}: {exc}")
+                self._running = []
+        for sequence in [*self._waiting, *self._running]:
+            self._end(sequence, ERROR, "the model stopped serving")
+        self._waiting, self._running = [], []
+        self._publish()
+
+    def _step(self, joining: list[Sequence]) -> None:
+        for sequence in joining:  # prefill: the prompt whole, alone; its first token
+            if sequence.cancelled.is_set():
+                self._end(sequence, "cancelled")
+                continue
+            logits = self._prefill(sequence)
+            now = time.perf_counter()
+            self.metrics.record_first_token(model=self.model, seconds=now - sequence.arrived)
+            if self._emit(sequence, logits, now):
+                self._running.append(sequence)
+        running = [s for s in self._running if not s.cancelled.is_set()]
+        for sequence in self._running:
+            if sequence.cancelled.is_set():
+                self._end(sequence, "cancelled")
+        self._running = running
+        if running:
+            groups = [list(running)] if self.spec.batches_by_mask else [[s] for s in running]
+            for group in groups:
+                rows = self._decode(group)
+                now = time.perf_counter()
+                gaps = [now - s.last_token_at for s in group]
+                self.metrics.record_step(model=self.model, batch=len(group), gaps=gaps)
+                for sequence, logits in zip(group, rows, strict=True):
+                    if not self._emit(sequence, logits, now):
+                        self._running.remove(sequence)
+        with self._wake:
+            self._publish()
+
+    def _emit(self, sequence: Sequence, logits: np.ndarray, now: float) -> bool:
+        """Choose and send its next token; whether it goes on."""
+        token = next_token(logits, sequence.parameters, sequence.rng)
+        sequence.tokens.append(token)
+        sequence.last_token_at = now
+        sequence.events.put((TOKEN, token))
+        limit = self.spec.max_positions
+        if token in sequence.parameters.stop:
+            self._end(sequence, "stop")
+        elif len(sequence.tokens) >= sequence.parameters.max_tokens or (limit and sequence.length >= limit):
+            self._end(sequence, "length")
+        return sequence.finish_reason is None
+
+    def _end(self, sequence: Sequence, reason: str, detail: str | None = None) -> None:
+        if sequence.finish_reason is not None:
+            return
+        sequence.finish_reason = reason if reason != ERROR else "error"
+        sequence.cache = {}
+        self.blocks.release(sequence.blocks)
+        self.metrics.record_end(model=self.model, finish_reason=sequence.finish_reason)
+        sequence.events.put((ERROR, detail) if reason == ERROR else (DONE, reason))
+
+    # -- calls -----------------------------------------------------------------
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
+
+    def _feeds(self, tokens: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> dict[str, np.ndarray]:
+        spec = self.spec
+        feeds = {spec.tokens: tokens}
+        if spec.mask:
+            feeds[spec.mask] = mask
+        if spec.positions:
+            feeds[spec.positions] = positions
+        return feeds
+
+    def _keep_cache(self, sequence: Sequence, outputs: dict[str, np.ndarray], row: int, pad: int) -> None:
+        for (past_key, past_value), (key, value) in zip(self.spec.past, self.spec.present, strict=True):
+            sequence.cache[past_key] = np.ascontiguousarray(outputs[key][row : row + 1, :, pad:])
+            sequence.cache[past_value] = np.ascontiguousarray(outputs[value][row : row + 1, :, pad:])
+
+    def _prefill(self, sequence: Sequence) -> np.ndarray:
+        spec, count = self.spec, len(sequence.prompt)
+        tokens = np.array([sequence.prompt], dtype=np.int64)
+        feeds = self._feeds(tokens, np.ones((1, count), np.int64), np.arange(count, dtype=np.int64)[None])
+        empty = np.zeros((1, spec.heads, 0, spec.head_dim), dtype=spec.cache_dtype)
+        for pair in spec.past:
+            feeds.update(dict.fromkeys(pair, empty))
+        outputs = self._run(feeds)
+        self._keep_cache(sequence, outputs, 0, 0)
+        return outputs[spec.logits][0, -1]
+
+    def _decode(self, group: list[Sequence]) -> list[np.ndarray]:
+        """One step of ``group``: each sequence's last token against its cache, the caches padded at the front
+        to the longest and the padding masked. Each row's logits."""
+        spec = self.spec
+        longest = max(s.length for s in group)
+        tokens = np.array([[s.tokens[-1]] for s in group], dtype=np.int64)
+        mask = np.zeros((len(group), longest + 1), dtype=np.int64)
+        positions = np.array([[s.length] for s in group], dtype=np.int64)
+        for row, sequence in enumerate(group):
+            mask[row, longest - sequence.length :] = 1
+        feeds = self._feeds(tokens, mask, positions)
+        if len(group) == 1:
+            feeds.update(group[0].cache)
+        else:
+            for name in (name for pair in spec.past for name in pair):
+                batch = np.zeros((len(group), spec.heads, longest, spec.head_dim), dtype=spec.cache_dtype)
+                for row, sequence in enumerate(group):
+                    batch[row, :, longest - sequence.length :] = sequence.cache[name][0]
+                feeds[name] = batch
+        outputs = self._run(feeds)
+        for row, sequence in enumerate(group):
+            self._keep_cache(sequence, outputs, row, longest - sequence.length)
+        return [outputs[spec.logits][row, -1] for row in range(len(group))]

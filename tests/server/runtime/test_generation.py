@@ -1,0 +1,178 @@
+"""The generation loop over a real decoder with a key/value cache (ONNX Runtime): greedy answers equal to a
+loop that recomputes the whole sequence each step without a cache, sequences of different lengths decoded as
+one batch, the cache reserved and returned in blocks, cancellation and bad input."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from compiler.errors import BadRequestError
+from compiler.models.decoder import recognize_decoder
+from compiler.models.model import load_model
+from server.runtime.generation.generator import DONE, TOKEN, Generator
+from server.runtime.generation.kv_blocks import CacheFullError, KvBlocks
+from server.runtime.generation.sampling import SamplingParameters
+from server.runtime.observability.metrics import Metrics
+from tests.integration.serverproc import metric_value
+from tests.synthetic import bert_encoder_model, kv_cache_decoder_model
+
+DECODER = kv_cache_decoder_model()
+
+
+@pytest.fixture(scope="module")
+def spec():
+    model = load_model(DECODER, max_bytes=1 << 26)
+    return recognize_decoder(model.signature, model.index_bounds)
+
+
+@pytest.fixture(scope="module")
+def session():
+    return ort.InferenceSession(DECODER, providers=["CPUExecutionProvider"])
+
+
+def uncached_greedy(session, spec, prompt: list[int], count: int) -> list[int]:
+    """The plain loop: the whole sequence run again at every step, with an empty cache."""
+    tokens = list(prompt)
+    empty = np.zeros((1, spec.heads, 0, spec.head_dim), np.float32)
+    for _ in range(count):
+        n = len(tokens)
+        feeds = {"input_ids": np.array([tokens]), "attention_mask": np.ones((1, n), np.int64),
+                 "position_ids": np.arange(n)[None]}  # fmt: skip
+        feeds.update({name: empty for pair in spec.past for name in pair})
+        logits = session.run(["logits"], feeds)[0]
+        tokens.append(int(np.argmax(logits[0, -1])))
+    return tokens[len(prompt) :]
+
+
+def make_generator(spec, session, *, blocks: int = 64, max_batch: int = 8, metrics: Metrics | None = None):
+    pool = KvBlocks(blocks, 16, spec.cache_bytes_per_position())
+    metrics = metrics or Metrics()
+    generator = Generator("decoder", spec, session, pool, metrics.generation, max_batch=max_batch,
+                          max_waiting=16, max_tokens=128)  # fmt: skip
+    return generator, metrics
+
+
+def drain(sequence, timeout: float = 60.0) -> tuple[list[int], str]:
+    tokens = []
+    deadline = time.monotonic() + timeout
+    while True:
+        kind, value = sequence.events.get(timeout=max(deadline - time.monotonic(), 0.01))
+        if kind == TOKEN:
+            tokens.append(value)
+        else:
+            assert kind == DONE, value
+            return tokens, value
+
+
+def test_the_decoder_is_recognised_from_its_signature(spec):
+    assert spec.layers == 2 and spec.heads == 4 and spec.head_dim == 16 and spec.vocab == 97
+    assert spec.past[1] == ("past_key_values.1.key", "past_key_values.1.value")
+    assert spec.present[1] == ("present.1.key", "present.1.value")
+    assert spec.max_positions == 64  # the position table's rows, from the position_ids' gather
+    assert spec.batches_by_mask
+    assert spec.cache_bytes_per_position() == 2 * 2 * 4 * 16 * 4
+    encoder = load_model(bert_encoder_model(layers=1), max_bytes=1 << 26)
+    assert recognize_decoder(encoder.signature, encoder.index_bounds) is None
+
+
+def test_greedy_tokens_equal_the_uncached_loop(spec, session):
+    generator, metrics = make_generator(spec, session)
+    try:
+        prompt = [3, 14, 15, 92, 65, 35]
+        tokens, reason = drain(generator.submit(prompt, SamplingParameters(max_tokens=20)))
+        assert reason == "length" and tokens == uncached_greedy(session, spec, prompt, 20)
+        assert generator.blocks.used == 0
+        text = metrics.exposition().decode()
+        assert metric_value(text, "jitserve_generated_tokens_total", model="decoder") == 20
+    finally:
+        generator.close()
+
+
+def test_sequences_of_different_lengths_decode_as_one_batch(spec, session):
+    """Four sequences submitted together (prompts of 1 to 9 tokens, 6 to 18 new tokens) join one batch; each
+    answers what it answers alone, and the batch shrinks as they end."""
+    generator, metrics = make_generator(spec, session)
+    try:
+        requests = [([5], 18), ([7, 8, 9, 10], 12), ([1, 2, 3, 4, 5, 6, 7, 8, 9], 6), ([42, 42], 15)]
+        sequences = [generator.submit(p, SamplingParameters(max_tokens=n)) for p, n in requests]
+        for (prompt, count), sequence in zip(requests, sequences, strict=True):
+            tokens, _ = drain(sequence)
+            assert tokens == uncached_greedy(session, spec, prompt, count), prompt
+        text = metrics.exposition().decode()
+        steps = metric_value(text, "jitserve_generate_step_batch_size_count", model="decoder")
+        batched = metric_value(text, "jitserve_generate_step_batch_size_sum", model="decoder")
+        assert batched / steps > 1.5, (batched, steps)  # the steps decoded several sequences at once
+        assert generator.blocks.used == 0
+    finally:
+        generator.close()
+
+
+def test_a_cache_that_cannot_fit_is_refused_with_the_reason_and_returned_when_sequences_end(spec, session):
+    generator, _ = make_generator(spec, session, blocks=3)  # 48 positions
+    try:
+        first = generator.submit([1, 2, 3], SamplingParameters(max_tokens=29))  # 32 positions: 2 blocks
+        with pytest.raises(CacheFullError, match=r"1 of 3 blocks free .* needs 2 for 32 positions"):
+            generator.submit([1, 2, 3], SamplingParameters(max_tokens=29))
+        assert CacheFullError.http_status == 503
+        drain(first)
+        assert generator.blocks.used == 0
+        drain(generator.submit([1, 2, 3], SamplingParameters(max_tokens=29)))  # fits again
+    finally:
+        generator.close()
+
+
+def test_a_cancelled_sequence_leaves_the_batch_and_frees_its_cache(spec, session):
+    generator, _ = make_generator(spec, session)
+    try:
+        long = generator.submit([1, 2], SamplingParameters(max_tokens=60))
+        other = generator.submit([3, 4], SamplingParameters(max_tokens=10))
+        kind, _ = long.events.get(timeout=30)
+        assert kind == TOKEN
+        long.cancel()
+        while (event := long.events.get(timeout=30))[0] == TOKEN:
+            pass
+        assert event == (DONE, "cancelled") and len(long.tokens) < 60
+        assert drain(other)[0] == uncached_greedy(session, spec, [3, 4], 10)  # the other went on, unharmed
+        assert generator.blocks.used == 0
+    finally:
+        generator.close()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "parameters", "message"),
+    [
+        (list(range(65)), {}, "input_ids: 65 prompt tokens are past the model's 64 positions"),
+        ([1, 2], {"max_tokens": 129}, "max_tokens: 129 is past this server's limit 128"),
+        ([1, 2, 3], {"max_tokens": 63}, "max_tokens: 63 new tokens after a 3-token prompt pass the model's 64"),
+        ([1, 97], {}, r"input_ids: token id 97 is not in the vocabulary \[0, 96\]"),
+        ([-1], {}, "input_ids: token id -1"),
+        ([], {}, "input_ids: the prompt holds no token"),
+        ([1], {"stop": [500]}, "stop: token id 500"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_field(spec, session, prompt, parameters, message):
+    generator, _ = make_generator(spec, session)
+    try:
+        with pytest.raises(BadRequestError, match=message):
+            generator.submit(prompt, SamplingParameters(**parameters))
+        assert generator.blocks.used == 0
+    finally:
+        generator.close()
+
+
+def test_sampling_is_repeatable_by_seed_and_stops_at_a_stop_token(spec, session):
+    generator, _ = make_generator(spec, session)
+    try:
+        sampled = SamplingParameters(max_tokens=16, temperature=1.5, top_k=20, top_p=0.9, seed=7)
+        first, again = (drain(generator.submit([9, 9], sampled))[0] for _ in range(2))
+        assert first == again and first != uncached_greedy(session, spec, [9, 9], 16)
+        greedy = uncached_greedy(session, spec, [9, 9], 16)
+        stop = greedy[5]
+        tokens, reason = drain(generator.submit([9, 9], SamplingParameters(max_tokens=16, stop=[stop])))
+        assert reason == "stop" and tokens == greedy[: greedy.index(stop) + 1]
+    finally:
+        generator.close()
