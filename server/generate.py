@@ -16,7 +16,7 @@ from compiler.errors import JitServeError
 
 from .routes import service_of
 from .runtime.generation.generator import DONE, ERROR, TOKEN, Sequence
-from .schemas import GenerateRequest, GenerateResponse, error_responses
+from .schemas import GenerateRequest, GenerateResponse, error_responses, json_error_responses
 
 router = APIRouter(prefix="/v2", tags=["Generate"])
 
@@ -66,8 +66,24 @@ async def generate(name: str, body: GenerateRequest, request: Request) -> dict:
     return {"model_name": name, "model_version": version, "output_ids": tokens, "finish_reason": finish_reason}
 
 
-@router.post("/models/{name}/generate_stream", responses=error_responses(400, 404, 503))
-async def generate_stream(name: str, body: GenerateRequest, request: Request) -> StreamingResponse:
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+STREAM = {
+    200: {
+        "description": "one server-sent event per token, then one with the finish_reason",
+        "content": {"text/event-stream": {"schema": {"type": "string", "example": 'data: {"output_ids": [42]}'}}},
+    }
+}
+
+
+@router.post(
+    "/models/{name}/generate_stream",
+    response_class=EventStream,
+    responses={**STREAM, **json_error_responses(400, 404, 503)},
+)
+async def generate_stream(name: str, body: GenerateRequest, request: Request) -> EventStream:
     """One server-sent event per token (``{"output_ids": [id], "index": n}``), then one with the
     ``finish_reason``; an ``{"error": ...}`` event where the step failed."""
     sequence, version = await _started(request, name, body)
@@ -84,4 +100,4 @@ async def generate_stream(name: str, body: GenerateRequest, request: Request) ->
                 event = {"error": f"generation failed: {value}"}
             yield f"data: {json.dumps(event)}\n\n"
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return EventStream(stream())

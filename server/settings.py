@@ -12,7 +12,29 @@ from pydantic import Field, model_validator
 from compiler.building.options import CompileSettings
 
 
-class Settings(CompileSettings):
+class GenerationSettings(CompileSettings):
+    """The settings of generative decoding (``/v2/models/{name}/generate``); the server's settings extend
+    this class."""
+
+    generate_cache_bytes: int = Field(512 * 1024**2, ge=0)
+    """Key/value cache memory of one decoder model's generate sequences, in bytes: a sequence reserves the
+    blocks its prompt and ``max_tokens`` fill before it starts, and is refused with 503 where they are not
+    free."""
+
+    generate_block_positions: int = Field(16, ge=1)
+    """Positions of one key/value cache block (the unit sequences reserve in)."""
+
+    generate_max_batch: int = Field(8, ge=1)
+    """Sequences of one decoder model decoded together in one step at most; more wait to join."""
+
+    generate_max_waiting: int = Field(64, ge=0)
+    """Sequences of one decoder model waiting to join the batch at most; past it, 503."""
+
+    generate_max_tokens: int = Field(1024, ge=1)
+    """The largest ``max_tokens`` a generate request may ask for."""
+
+
+class Settings(GenerationSettings):
     """Everything the server reads: the compile settings plus serving, routing and tuning."""
 
     host: str = "127.0.0.1"
@@ -250,23 +272,6 @@ class Settings(CompileSettings):
 
     tuning_rpc_key: str = Field("jitserve", pattern=r"^[A-Za-z0-9_.-]+$")
     """The device key the tracker's RPC servers registered under (``rpc_server --key``)."""
-
-    generate_cache_bytes: int = Field(512 * 1024**2, ge=0)
-    """Key/value cache memory of one decoder model's generate sequences, in bytes: a sequence reserves the
-    blocks its prompt and ``max_tokens`` fill before it starts, and is refused with 503 where they are not
-    free."""
-
-    generate_block_positions: int = Field(16, ge=1)
-    """Positions of one key/value cache block (the unit sequences reserve in)."""
-
-    generate_max_batch: int = Field(8, ge=1)
-    """Sequences of one decoder model decoded together in one step at most; more wait to join."""
-
-    generate_max_waiting: int = Field(64, ge=0)
-    """Sequences of one decoder model waiting to join the batch at most; past it, 503."""
-
-    generate_max_tokens: int = Field(1024, ge=1)
-    """The largest ``max_tokens`` a generate request may ask for."""
 
     @model_validator(mode="after")
     def _sweeps_within_grace(self) -> Settings:

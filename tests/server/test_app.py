@@ -137,6 +137,8 @@ def test_openapi_documents_every_request_and_response(tmp_path):
         ("get", "/v2/models/{name}/versions/{version}/ready"),
         ("post", "/v2/models/{name}/infer"),
         ("post", "/v2/models/{name}/versions/{version}/infer"),
+        ("post", "/v2/models/{name}/generate"),
+        ("post", "/v2/models/{name}/generate_stream"),
         ("post", "/v2/repository/index"),
         ("post", "/v2/repository/models/{name}/load"),
         ("post", "/v2/repository/models/{name}/unload"),
