@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -237,6 +238,14 @@ def tuned(client) -> bool:
     return metric_value(client.get("/metrics").text, "jitserve_tuning_seconds_total") > 0
 
 
+def generate(client) -> None:
+    """Two sequences decoded together, one token each step."""
+    with ThreadPoolExecutor(2) as pool:
+        body = {"input_ids": [1, 2, 3], "parameters": {"max_tokens": 8}}
+        for answer in pool.map(lambda _: client.post("/v2/models/gpt/generate", json=body), range(2)):
+            assert answer.status_code == 200, answer.text
+
+
 def generate_load(client) -> None:
     """Compiles, a recompile, cache hits, misses, reloads and evictions, padding, 400s and 404s, one tuning run,
     batched runs."""
@@ -268,9 +277,13 @@ def generate_load(client) -> None:
     ask(client, "clf", 1)
     wait_ready(client, "clf", CLF_BUCKETS[1])  # a recompile: new_model_version
 
+    assert upload(client, "gpt", synthetic.kv_cache_decoder_model()).status_code == 201
+    generate(client)  # its series scraped before the last minute's generates: the rates have an increase
+
     wait_until(lambda: tuned(client), timeout=300, interval=1, what="a tuning run")
     # Within the last minute of every rate: each model, engine, bucket and error again.
     for _ in range(2):
+        generate(client)
         ask(client, "mlp", 6)
         for n in CLF_BUCKETS:
             ask(client, "clf", n)
