@@ -13,7 +13,8 @@ activations stay near unit scale, as in a trained network. torch lives in an env
 (``.cache/zoo-venv``, several GB): neither the server nor its tests import it. The YOLOv8n detector of
 the zoo is the real one shipped in nudenet's wheel (``tests/realmodels.py``). The transformers
 (``TRANSFORMERS``) are torchvision's ViT-B/16 and Hugging Face's GPT-2 small and BERT-base, the last two
-exported by the dynamo exporter with symbolic batch and sequence axes.
+exported by the dynamo exporter with symbolic batch and sequence axes. The decoders (``DECODERS``) are
+GPT-2 small again, with its key/value cache as inputs and outputs, for the generation loop.
 """
 
 from __future__ import annotations
@@ -60,10 +61,27 @@ TRANSFORMERS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
     "whisper_tiny_encoder": ("_export_whisper_encoder", {"input_features": (1, 80, 3000)}),
 }
 
+# Decoders with their key/value cache as inputs and outputs, named as Hugging Face optimum names them, for the
+# generation loop (server/runtime/generation): name -> (export function's name, input name -> shape of one
+# decode step at batch 1, after 127 positions). Kept out of TRANSFORMERS, every one of which bench_table.py's
+# compile benchmark must cover: a decoder is served by the generation loop, not compiled per bucket.
+DECODERS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
+    "gpt2_kv": (
+        "_export_gpt2_kv",
+        {
+            "input_ids": (1, 1),
+            "attention_mask": (1, 128),
+            "position_ids": (1, 1),
+            **{f"past_key_values.{i}.{kind}": (1, 12, 127, 64) for i in range(12) for kind in ("key", "value")},
+        },
+    ),
+}
+
 # Every model of the zoo: name -> input name -> shape at batch 1.
 ZOO_MODELS: dict[str, dict[str, tuple[int, ...]]] = {
     **{name: {"x": shape} for name, (_, _, shape) in ARCHITECTURES.items()},
     **{name: inputs for name, (_, inputs) in TRANSFORMERS.items()},
+    **{name: inputs for name, (_, inputs) in DECODERS.items()},
 }
 
 
@@ -123,8 +141,8 @@ def export(name: str) -> Path:
     path = zoo_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".part")
-    if name in TRANSFORMERS:
-        globals()[TRANSFORMERS[name][0]](partial)
+    if name in TRANSFORMERS or name in DECODERS:
+        globals()[{**TRANSFORMERS, **DECODERS}[name][0]](partial)
     else:
         _export_convnet(name, partial)
     partial.replace(path)
@@ -191,6 +209,65 @@ def _export_gpt2(partial: Path) -> None:
             return self.model(input_ids=input_ids).logits
 
     _export_dynamo(torch, Logits().eval(), "gpt2", ["logits"], partial)
+
+
+def _export_gpt2_kv(partial: Path) -> None:
+    """GPT-2 small (the weights of ``gpt2``'s export) with its cache: ``input_ids``, ``attention_mask`` [batch,
+    past + new] and ``position_ids`` in, and per layer ``past_key_values.{i}.key`` / ``.value`` [batch, 12, past,
+    64]; ``logits`` and ``present.{i}.key`` / ``.value`` [batch, 12, past + new, 64] out. ``past`` may be 0: a
+    prefill is the same graph with an empty cache."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config()  # use_cache draws no weights: the same seed gives gpt2's
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+    class WithCache(torch.nn.Module):
+        """The cache as flat tensors, layer by layer, key then value: torch.export takes tensors, and
+        transformers takes a Cache object."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids, past):
+            pairs = list(zip(past[0::2], past[1::2], strict=True))
+            cache = transformers.DynamicCache(ddp_cache_data=pairs, config=config)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, use_cache=True)  # fmt: skip
+            return out.logits, *(tensor for layer in out.cache.layers for tensor in (layer.keys, layer.values))
+
+    cache_names = [f"{i}.{kind}" for i in range(config.n_layer) for kind in ("key", "value")]
+    batch, new = torch.export.Dim("batch", max=64), torch.export.Dim("new", max=config.n_positions)
+    # min=0: the prefill's empty cache. The mask's axis (past + new) has a Dim of its own: a Dim cannot be
+    # the sum of two others.
+    past = torch.export.Dim("past", min=0, max=config.n_positions)
+    total = torch.export.Dim("total", max=config.n_positions)
+    rows, past_length, new_length = 2, 3, 2  # examples off 0 and 1, which torch.export would specialise
+    heads, head_dim = config.n_head, config.n_embd // config.n_head
+    examples = (
+        torch.randint(0, config.vocab_size, (rows, new_length)),
+        torch.ones(rows, past_length + new_length, dtype=torch.int64),
+        torch.arange(past_length, past_length + new_length).repeat(rows, 1),
+        [torch.randn(rows, heads, past_length, head_dim) for _ in cache_names],
+    )
+    torch.onnx.export(
+        WithCache().eval(),
+        examples,
+        str(partial),
+        input_names=["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in cache_names)],
+        output_names=["logits", *(f"present.{n}" for n in cache_names)],
+        dynamic_shapes=(
+            {0: batch, 1: new},
+            {0: batch, 1: total},
+            {0: batch, 1: new},
+            [{0: batch, 2: past}] * len(cache_names),
+        ),
+        opset_version=18,
+        dynamo=True,
+        external_data=False,
+    )
 
 
 def _export_bert(partial: Path) -> None:
