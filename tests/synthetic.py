@@ -336,14 +336,16 @@ def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, voca
 
 
 def kv_cache_decoder_model(
-    layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 97, positions: int = 64
+    layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 97, positions: int = 64, *, masked: bool = True
 ) -> bytes:
     """A GPT-2-style decoder with its key/value cache as inputs and outputs, as ``optimum`` exports one:
     ``input_ids`` [batch, new], ``attention_mask`` [batch, past + new], ``position_ids`` [batch, new] and
     ``past_key_values.{i}.key`` / ``.value`` [batch, heads, past, head_dim] in; ``logits`` [batch, new,
     vocab] and ``present.{i}.key`` / ``.value`` (the past with the new positions appended) out. A key is
     attended where it is not in the future of the query (``past + query``) and the mask holds 1 for it.
-    ``positions`` rows of learned position embeddings. Deterministic weights (seed 2026)."""
+    ``positions`` rows of learned position embeddings. ``masked=False``: no ``attention_mask`` or
+    ``position_ids`` inputs (the positions follow the past's length), as some exports have it. Deterministic
+    weights (seed 2026)."""
     if hidden % heads:
         raise ValueError("hidden must be a multiple of heads")
     head_dim = hidden // heads
@@ -372,25 +374,27 @@ def kv_cache_decoder_model(
     key_pos = node("Unsqueeze", [node("Range", ["zero", total, "one"], "keys"), "axis0"], "key_pos")
     query_pos = node("Unsqueeze", [node("Range", [past_length, total, "one"], "queries"), "axis1"], "query_pos")
     future = node("Greater", [key_pos, query_pos], "future")
-    masked_out = node(
-        "Unsqueeze",
-        [node("Equal", ["attention_mask", node("Sub", ["one", "one"], "nought")], "pad"), "axes12"],
-        "pad_4d",
-    )
-    blocked = node("Or", [future, masked_out], "blocked")
+    if masked:
+        padding = node("Equal", ["attention_mask", node("Sub", ["one", "one"], "nought")], "pad")
+        blocked = node("Or", [future, node("Unsqueeze", [padding, "axes12"], "pad_4d")], "blocked")
+        position_ids = "position_ids"
+    else:  # the positions follow the past
+        blocked = future
+        position_ids = node("Unsqueeze", [node("Range", [past_length, total, "one"], "steps"), "axis0"], "positions")
     h = node(
         "Add",
         [
             node("Gather", [weight("wte", (vocab, hidden), 0.5), "input_ids"], "tokens"),
-            node("Gather", [weight("wpe", (positions, hidden), 0.1), "position_ids"], "places"),
+            node("Gather", [weight("wpe", (positions, hidden), 0.1), position_ids], "places"),
         ],
         "embedded",
     )
-    inputs = [
-        value("input_ids", "int64", ["batch", "new"]),
-        value("attention_mask", "int64", ["batch", "total"]),
-        value("position_ids", "int64", ["batch", "new"]),
-    ]
+    inputs = [value("input_ids", "int64", ["batch", "new"])]
+    if masked:
+        inputs += [
+            value("attention_mask", "int64", ["batch", "total"]),
+            value("position_ids", "int64", ["batch", "new"]),
+        ]
     outputs = [value("logits", "float32", ["batch", "new", vocab])]
     for i in range(layers):
         p = f"l{i}_"

@@ -3,7 +3,7 @@ step. At every step the waiting sequences' prompts are prefilled (each its own c
 batch; the running sequences are decoded together as one call, their caches padded to the longest and the
 padding masked (where the model takes ``attention_mask`` and ``position_ids``; one call each otherwise);
 finished and cancelled sequences leave. The cache of each sequence is held here between its steps: the
-``present`` tensors of its last step, handed back as the next step's ``past``.
+``present`` tensors of its last step, handed back as the next step's ``past`` (:mod:`.batch`).
 
 The engine is ONNX Runtime (the floor every model is served by at once); it returns each step's ``present``
 as a new tensor (the past with one position appended), so a step copies the cache once.
@@ -23,6 +23,7 @@ from compiler.errors import BadRequestError, UnavailableError
 from compiler.models.decoder import DecoderSpec
 
 from ..observability.metrics.generation import GenerationMetrics
+from .batch import RunningBatch, SeparateSequences, present_cache
 from .kv_blocks import KvBlocks
 from .sampling import SamplingParameters, next_token
 
@@ -43,7 +44,6 @@ class Sequence:
     blocks: int
     arrived: float = field(default_factory=time.perf_counter)
     tokens: list[int] = field(default_factory=list)
-    cache: dict[str, np.ndarray] = field(default_factory=dict)
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     finish_reason: str | None = None
@@ -87,7 +87,7 @@ class Generator:
         self.max_waiting = max_waiting
         self.max_tokens = max_tokens
         self._waiting: list[Sequence] = []
-        self._running: list[Sequence] = []
+        self._running = RunningBatch(spec) if spec.batches_by_mask else SeparateSequences(spec)
         self._wake = threading.Condition()
         self._closed = False
         self._outputs = [out.name for out in session.get_outputs()]
@@ -151,6 +151,7 @@ class Generator:
             "waiting": waiting,
             "cache_blocks": {"used": self.blocks.used, "total": self.blocks.total,
                              "positions_per_block": self.blocks.block_positions},
+            "cache_bytes_held": self._running.padded_bytes(),
         }  # fmt: skip
 
     # -- the loop --------------------------------------------------------------
@@ -173,39 +174,37 @@ class Generator:
                 self._step(joining)
             except Exception as exc:
                 log.exception("generation step of %s failed", self.model)
-                for sequence in [*joining, *self._running]:
+                for sequence in [*joining, *self._running.sequences]:
                     self._end(sequence, ERROR, f"{type(exc).__name__}: {exc}")
-                self._running = []
-        for sequence in [*self._waiting, *self._running]:
+                self._running.leave(list(self._running.sequences))
+        for sequence in [*self._waiting, *self._running.sequences]:
             self._end(sequence, ERROR, "the model stopped serving")
-        self._waiting, self._running = [], []
+        self._running.leave(list(self._running.sequences))
+        self._waiting = []
         self._publish()
 
     def _step(self, joining: list[Sequence]) -> None:
+        running = self._running
         for sequence in joining:  # prefill: the prompt whole, alone; its first token
             if sequence.cancelled.is_set():
                 self._end(sequence, "cancelled")
                 continue
-            logits = self._prefill(sequence)
+            logits, cache = self._prefill(sequence)
             now = time.perf_counter()
             self.metrics.record_first_token(model=self.model, seconds=now - sequence.arrived)
             if self._emit(sequence, logits, now):
-                self._running.append(sequence)
-        running = [s for s in self._running if not s.cancelled.is_set()]
-        for sequence in self._running:
-            if sequence.cancelled.is_set():
-                self._end(sequence, "cancelled")
-        self._running = running
-        if running:
-            groups = [list(running)] if self.spec.batches_by_mask else [[s] for s in running]
-            for group in groups:
-                rows = self._decode(group)
-                now = time.perf_counter()
-                gaps = [now - s.last_token_at for s in group]
-                self.metrics.record_step(model=self.model, batch=len(group), gaps=gaps)
-                for sequence, logits in zip(group, rows, strict=True):
-                    if not self._emit(sequence, logits, now):
-                        self._running.remove(sequence)
+                running.join(sequence, cache)
+        cancelled = [s for s in running.sequences if s.cancelled.is_set()]
+        for sequence in cancelled:
+            self._end(sequence, "cancelled")
+        running.leave(cancelled)
+        if running.sequences:
+            group = list(running.sequences)
+            rows = running.step(self._run, [s.tokens[-1] for s in group])
+            now = time.perf_counter()
+            batch = len(group) if self.spec.batches_by_mask else 1
+            self.metrics.record_step(model=self.model, batch=batch, gaps=[now - s.last_token_at for s in group])
+            running.leave([s for s, logits in zip(group, rows, strict=True) if not self._emit(s, logits, now)])
         with self._wake:
             self._publish()
 
@@ -226,7 +225,6 @@ class Generator:
         if sequence.finish_reason is not None:
             return
         sequence.finish_reason = reason if reason != ERROR else "error"
-        sequence.cache = {}
         self.blocks.release(sequence.blocks)
         self.metrics.record_end(model=self.model, finish_reason=sequence.finish_reason)
         sequence.events.put((ERROR, detail) if reason == ERROR else (DONE, reason))
@@ -236,51 +234,16 @@ class Generator:
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
 
-    def _feeds(self, tokens: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> dict[str, np.ndarray]:
-        spec = self.spec
-        feeds = {spec.tokens: tokens}
-        if spec.mask:
-            feeds[spec.mask] = mask
-        if spec.positions:
-            feeds[spec.positions] = positions
-        return feeds
-
-    def _keep_cache(self, sequence: Sequence, outputs: dict[str, np.ndarray], row: int, pad: int) -> None:
-        for (past_key, past_value), (key, value) in zip(self.spec.past, self.spec.present, strict=True):
-            sequence.cache[past_key] = np.ascontiguousarray(outputs[key][row : row + 1, :, pad:])
-            sequence.cache[past_value] = np.ascontiguousarray(outputs[value][row : row + 1, :, pad:])
-
-    def _prefill(self, sequence: Sequence) -> np.ndarray:
+    def _prefill(self, sequence: Sequence) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The prompt run whole against an empty cache: its last position's logits, and its cache."""
         spec, count = self.spec, len(sequence.prompt)
-        tokens = np.array([sequence.prompt], dtype=np.int64)
-        feeds = self._feeds(tokens, np.ones((1, count), np.int64), np.arange(count, dtype=np.int64)[None])
+        feeds = {spec.tokens: np.array([sequence.prompt], dtype=np.int64)}
+        if spec.mask:
+            feeds[spec.mask] = np.ones((1, count), np.int64)
+        if spec.positions:
+            feeds[spec.positions] = np.arange(count, dtype=np.int64)[None]
         empty = np.zeros((1, spec.heads, 0, spec.head_dim), dtype=spec.cache_dtype)
         for pair in spec.past:
             feeds.update(dict.fromkeys(pair, empty))
         outputs = self._run(feeds)
-        self._keep_cache(sequence, outputs, 0, 0)
-        return outputs[spec.logits][0, -1]
-
-    def _decode(self, group: list[Sequence]) -> list[np.ndarray]:
-        """One step of ``group``: each sequence's last token against its cache, the caches padded at the front
-        to the longest and the padding masked. Each row's logits."""
-        spec = self.spec
-        longest = max(s.length for s in group)
-        tokens = np.array([[s.tokens[-1]] for s in group], dtype=np.int64)
-        mask = np.zeros((len(group), longest + 1), dtype=np.int64)
-        positions = np.array([[s.length] for s in group], dtype=np.int64)
-        for row, sequence in enumerate(group):
-            mask[row, longest - sequence.length :] = 1
-        feeds = self._feeds(tokens, mask, positions)
-        if len(group) == 1:
-            feeds.update(group[0].cache)
-        else:
-            for name in (name for pair in spec.past for name in pair):
-                batch = np.zeros((len(group), spec.heads, longest, spec.head_dim), dtype=spec.cache_dtype)
-                for row, sequence in enumerate(group):
-                    batch[row, :, longest - sequence.length :] = sequence.cache[name][0]
-                feeds[name] = batch
-        outputs = self._run(feeds)
-        for row, sequence in enumerate(group):
-            self._keep_cache(sequence, outputs, row, longest - sequence.length)
-        return [outputs[spec.logits][row, -1] for row in range(len(group))]
+        return outputs[spec.logits][0, -1], present_cache(spec, outputs)

@@ -40,8 +40,9 @@ def uncached_greedy(session, spec, prompt: list[int], count: int) -> list[int]:
     empty = np.zeros((1, spec.heads, 0, spec.head_dim), np.float32)
     for _ in range(count):
         n = len(tokens)
-        feeds = {"input_ids": np.array([tokens]), "attention_mask": np.ones((1, n), np.int64),
-                 "position_ids": np.arange(n)[None]}  # fmt: skip
+        feeds = {"input_ids": np.array([tokens])}
+        if spec.batches_by_mask:
+            feeds.update({"attention_mask": np.ones((1, n), np.int64), "position_ids": np.arange(n)[None]})
         feeds.update({name: empty for pair in spec.past for name in pair})
         logits = session.run(["logits"], feeds)[0]
         tokens.append(int(np.argmax(logits[0, -1])))
@@ -106,7 +107,29 @@ def test_sequences_of_different_lengths_decode_as_one_batch(spec, session):
         steps = metric_value(text, "jitserve_generate_step_batch_size_count", model="decoder")
         batched = metric_value(text, "jitserve_generate_step_batch_size_sum", model="decoder")
         assert batched / steps > 1.5, (batched, steps)  # the steps decoded several sequences at once
-        assert generator.blocks.used == 0
+        assert generator.blocks.used == 0 and generator.describe()["cache_bytes_held"] == 0
+    finally:
+        generator.close()
+
+
+def test_a_decoder_without_a_mask_decodes_each_sequence_by_itself():
+    """No attention_mask or position_ids: no padded cache can be masked, so each running sequence is its own
+    call within the step, and still answers what the plain loop answers."""
+    data = kv_cache_decoder_model(masked=False)
+    model = load_model(data, max_bytes=1 << 26)
+    spec = recognize_decoder(model.signature, model.index_bounds)
+    assert spec.mask is None and spec.positions is None and not spec.batches_by_mask
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    generator, metrics = make_generator(spec, session)
+    try:
+        requests = [([5, 6], 9), ([7, 8, 9, 10, 11], 4)]
+        sequences = [generator.submit(p, SamplingParameters(max_tokens=n)) for p, n in requests]
+        for (prompt, count), sequence in zip(requests, sequences, strict=True):
+            assert drain(sequence)[0] == uncached_greedy(session, spec, prompt, count), prompt
+        text = metrics.exposition().decode()
+        assert metric_value(text, "jitserve_generate_step_batch_size_bucket", model="decoder", le="1.0") == (
+            metric_value(text, "jitserve_generate_step_batch_size_count", model="decoder")
+        )
     finally:
         generator.close()
 
