@@ -55,8 +55,8 @@ PIPELINE = "layout+fuse+tuning-records+default-schedules"
 # pairs on any int8 weight, summed as ONNX Runtime's own kernels sum them; 40: a quantized model's int8
 # weights are kernel parameters, their panels packed by the weight transform; a quantized embedding looked up
 # in int8, then dequantized; 41: a quantized model's scalar scales and zero points are 0-d tensor operands, so
-# its layers share kernels.
-COMPILER_VERSION = "41"
+# its layers share kernels; 42: a bf16 matmul's rows zero-padded to whole register tiles.
+COMPILER_VERSION = "42"
 
 
 @functools.cache

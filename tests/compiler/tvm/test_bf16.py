@@ -101,6 +101,20 @@ def test_the_bf16_product_is_vdpbf16ps_where_the_cpu_has_avx512_bf16(mcpu):
     assert instruction_lines(asm, "vdpbf16ps")
 
 
+def test_a_bf16_product_of_rows_with_no_tile_divisor_is_tiled_on_rows_padded_to_one():
+    """ViT's 197 tokens (a prime): the activation is zero-padded to 200 rows and the product tiled 4 rows at
+    a time, the output cut back to 197 (one-row tiles read every weight panel once per row). The rows=5
+    compile above checks the padded product's answers."""
+    model, *_ = _linear(197, 64, 32)
+    target = tvm.target.Target({**HOST, "mcpu": "cooperlake"})
+    sch, _ = scheduled_kernel(_imported(model, 197, 64).with_attr(PRECISION_ATTR, "bf16"), target, "bf16_matmul",
+                              IntegerContraction)  # fmt: skip
+    script = sch.mod["main"].script()
+    assert 'T.Buffer((T.int64(200), T.int64(64)), "uint16")' in script  # the bf16 activation, padded
+    assert 'T.Buffer((T.int64(197), T.int64(32)), "float32")' in script  # the output, cut back
+    assert "T.unroll(T.int64(4))" in script
+
+
 def test_a_bf16_compile_is_an_artifact_of_its_own():
     from compiler.building.options import CompileOptions
 

@@ -183,3 +183,20 @@ def test_a_constant_dequantize_is_computed_as_the_legalized_op_computes_it(axis_
     want = legalized["main"].body.body
     want = want if isinstance(want, tvm.ir.GenericConst) else legalized["main"].body.blocks[-1].bindings[-1].value
     np.testing.assert_array_equal(folded.value.numpy(), want.value.numpy())
+
+
+@pytest.mark.parametrize(
+    ("width", "blocks", "accumulators", "tile"),
+    [
+        (56, 4, 8, (4, 2)),  # AVX2: the first that fits its 16 registers
+        (14, 4, 8, (7, 1)),
+        (56, 4, 16, (4, 4)),  # AVX-512: the most accumulators its 32 registers hold
+        (14, 4, 16, (7, 2)),
+        (7, 32, 16, (7, 2)),
+        (13, 1, 16, (1, 1)),
+    ],
+)
+def test_the_conv_register_tile_fills_the_registers_the_unit_has(width, blocks, accumulators, tile):
+    from compiler.tvm.schedules.integer import _conv_tile
+
+    assert _conv_tile(width, blocks, 1, accumulators) == tile
