@@ -261,22 +261,13 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
     return make_model(graph).SerializeToString()
 
 
-def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 97) -> bytes:
-    """A GPT-2-style decoder over ``ids: [batch, seq]`` int64 (``seq`` symbolic) to ``logits: [batch, seq,
-    vocab]``, built as exporters write one: token and position embeddings (Gather, the positions a CumSum
-    over ones, as Hugging Face counts them), pre-norm layers whose causal mask is computed from the
-    sequence's length (Range, Greater, Where with float32's lowest value), the scores scaled after
-    Q @ K, Softmax, GELU in its tanh form, a final LayerNormalization and a head of ``vocab`` columns
-    (97: no whole number of vectors). Deterministic weights (seed 2025)."""
+def _decoder_graph(seed: int, hidden: int, heads: int) -> tuple[_Graph, int]:
+    """A GPT-2-style decoder's graph with the constants its layers read, and its heads' width."""
     if hidden % heads:
         raise ValueError("hidden must be a multiple of heads")
     head_dim = hidden // heads
-    graph = _Graph(2025)
-    const, weight, node, linear, heads_of = graph.const, graph.weight, graph.node, graph.linear, graph.heads
-
-    def layer_norm(src: str, name: str) -> str:
-        return graph.layer_norm(src, name, hidden)
-
+    graph = _Graph(seed)
+    const = graph.const
     const("heads_shape", np.array([0, -1, heads, head_dim], dtype=np.int64))
     const("merge_shape", np.array([0, -1, hidden], dtype=np.int64))
     const("scale", np.array(np.sqrt(head_dim), dtype=np.float32))
@@ -285,6 +276,22 @@ def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, voca
     const("one", np.array(1, dtype=np.int64))
     const("axis0", np.array([0], dtype=np.int64))
     const("axis1", np.array([1], dtype=np.int64))
+    return graph, head_dim
+
+
+def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 97) -> bytes:
+    """A GPT-2-style decoder over ``ids: [batch, seq]`` int64 (``seq`` symbolic) to ``logits: [batch, seq,
+    vocab]``, built as exporters write one: token and position embeddings (Gather, the positions a CumSum
+    over ones, as Hugging Face counts them), pre-norm layers whose causal mask is computed from the
+    sequence's length (Range, Greater, Where with float32's lowest value), the scores scaled after
+    Q @ K, Softmax, GELU in its tanh form, a final LayerNormalization and a head of ``vocab`` columns
+    (97: no whole number of vectors). Deterministic weights (seed 2025)."""
+    graph, _ = _decoder_graph(2025, hidden, heads)
+    const, weight, node, linear, heads_of = graph.const, graph.weight, graph.node, graph.linear, graph.heads
+
+    def layer_norm(src: str, name: str) -> str:
+        return graph.layer_norm(src, name, hidden)
+
     for name, value_ in {"c_half": 0.5, "c_one": 1.0, "c_cube": 0.044715, "c_root": np.sqrt(2 / np.pi)}.items():
         const(name, np.array(value_, dtype=np.float32))
     # The sequence's length, its positions and the causal mask, computed at run time as exports do.
@@ -346,24 +353,13 @@ def kv_cache_decoder_model(
     ``positions`` rows of learned position embeddings. ``masked=False``: no ``attention_mask`` or
     ``position_ids`` inputs (the positions follow the past's length), as some exports have it. Deterministic
     weights (seed 2026)."""
-    if hidden % heads:
-        raise ValueError("hidden must be a multiple of heads")
-    head_dim = hidden // heads
-    graph = _Graph(2026)
+    graph, head_dim = _decoder_graph(2026, hidden, heads)
     const, weight, node, linear, heads_of = graph.const, graph.weight, graph.node, graph.linear, graph.heads
 
     def layer_norm(src: str, name: str) -> str:
         return graph.layer_norm(src, name, hidden)
 
-    const("heads_shape", np.array([0, -1, heads, head_dim], dtype=np.int64))
-    const("merge_shape", np.array([0, -1, hidden], dtype=np.int64))
-    const("scale", np.array(np.sqrt(head_dim), dtype=np.float32))
-    const("lowest", np.array(np.finfo(np.float32).min, dtype=np.float32))
-    const("zero", np.array(0, dtype=np.int64))
-    const("one", np.array(1, dtype=np.int64))
     const("two", np.array(2, dtype=np.int64))
-    const("axis0", np.array([0], dtype=np.int64))
-    const("axis1", np.array([1], dtype=np.int64))
     const("axes12", np.array([1, 2], dtype=np.int64))
     const("c_half", np.array(0.5, dtype=np.float32))
     const("c_one", np.array(1.0, dtype=np.float32))
