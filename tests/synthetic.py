@@ -261,6 +261,17 @@ def bert_encoder_model(layers: int = 2, hidden: int = 256, heads: int = 4, seq: 
     return make_model(graph).SerializeToString()
 
 
+def _attended(graph: _Graph, h: str, qkv: tuple[str, str, str], blocked: str, *, p: str, hidden: int) -> str:
+    """``h`` plus its attention's output projection: Q @ K (K transposed) scaled, the ``blocked`` keys at
+    float32's lowest, Softmax, @ V, the heads merged."""
+    node, (q, k_t, v) = graph.node, qkv
+    scores = node("Div", [node("MatMul", [q, k_t], f"{p}qk"), "scale"], f"{p}scores")
+    probs = node("Softmax", [node("Where", [blocked, "lowest", scores], f"{p}masked")], f"{p}probs", axis=-1)
+    ctx = node("Transpose", [node("MatMul", [probs, v], f"{p}ctx_h")], f"{p}ctx_t", perm=[0, 2, 1, 3])
+    merged = node("Reshape", [ctx, "merge_shape"], f"{p}ctx")
+    return node("Add", [h, graph.linear(merged, f"{p}o", hidden, hidden)], f"{p}r1")
+
+
 def _decoder_graph(seed: int, hidden: int, heads: int) -> tuple[_Graph, int]:
     """A GPT-2-style decoder's graph with the constants its layers read, and its heads' width."""
     if hidden % heads:
@@ -319,12 +330,7 @@ def causal_decoder_model(layers: int = 2, hidden: int = 64, heads: int = 4, voca
         q = heads_of(linear(x, f"{p}q", hidden, hidden), [0, 2, 1, 3])
         k = heads_of(linear(x, f"{p}k", hidden, hidden), [0, 2, 3, 1])
         v = heads_of(linear(x, f"{p}v", hidden, hidden), [0, 2, 1, 3])
-        scores = node("Div", [node("MatMul", [q, k], f"{p}qk"), "scale"], f"{p}scores")
-        probs = node("Softmax", [node("Where", [future, "lowest", scores], f"{p}masked")], f"{p}probs", axis=-1)
-        ctx = node("Transpose", [node("MatMul", [probs, v], f"{p}ctx_h")], f"{p}ctx_t", perm=[0, 2, 1, 3])
-        h = node(
-            "Add", [h, linear(node("Reshape", [ctx, "merge_shape"], f"{p}ctx"), f"{p}o", hidden, hidden)], f"{p}r1"
-        )
+        h = _attended(graph, h, (q, k, v), future, p=p, hidden=hidden)
         up = linear(layer_norm(h, f"{p}ln2"), f"{p}up", hidden, 4 * hidden)
         cube = node("Mul", [node("Mul", [node("Mul", [up, up], f"{p}sq"), up], f"{p}cu"), "c_cube"], f"{p}cubed")
         inner = node("Mul", [node("Add", [up, cube], f"{p}poly"), "c_root"], f"{p}inner")
@@ -406,12 +412,7 @@ def kv_cache_decoder_model(
             inputs.append(value(f"past_key_values.{i}.{kind}", "float32", ["batch", heads, "past", head_dim]))
             outputs.append(value(f"present.{i}.{kind}", "float32", ["batch", heads, "total", head_dim]))
         k_t = node("Transpose", [keys], f"{p}keys_t", perm=[0, 1, 3, 2])
-        scores = node("Div", [node("MatMul", [q, k_t], f"{p}qk"), "scale"], f"{p}scores")
-        probs = node("Softmax", [node("Where", [blocked, "lowest", scores], f"{p}masked")], f"{p}probs", axis=-1)
-        ctx = node("Transpose", [node("MatMul", [probs, values], f"{p}ctx_h")], f"{p}ctx_t", perm=[0, 2, 1, 3])
-        h = node(
-            "Add", [h, linear(node("Reshape", [ctx, "merge_shape"], f"{p}ctx"), f"{p}o", hidden, hidden)], f"{p}r1"
-        )
+        h = _attended(graph, h, (q, k_t, values), blocked, p=p, hidden=hidden)
         up = linear(layer_norm(h, f"{p}ln2"), f"{p}up", hidden, 4 * hidden)
         gate = node("Mul", [node("Add", [node("Tanh", [up], f"{p}tanh"), "c_one"], f"{p}plus"), "c_half"], f"{p}g")
         h = node("Add", [h, linear(node("Mul", [up, gate], f"{p}act"), f"{p}down", 4 * hidden, hidden)], f"{p}r2")
