@@ -16,6 +16,7 @@ from compiler.errors import JitServeError
 
 from .routes import service_of
 from .runtime.generation.generator import DONE, ERROR, TOKEN, Sequence
+from .runtime.generation.text import Text
 from .schemas import GenerateRequest, GenerateResponse, error_responses, json_error_responses
 
 router = APIRouter(prefix="/v2", tags=["Generate"])
@@ -44,17 +45,18 @@ async def _events(sequence: Sequence, request: Request):
             sequence.cancel()
 
 
-async def _started(request: Request, name: str, body: GenerateRequest) -> tuple[Sequence, str]:
-    """The request's sequence, submitted from a worker thread: a model's first one opens its session."""
+async def _started(request: Request, name: str, body: GenerateRequest) -> tuple[Sequence, Text | None, str]:
+    """The request's sequence and the model's tokenizer, submitted from a worker thread: a model's first one
+    opens its session."""
     service = service_of(request)
-    sequence = await run_in_threadpool(service.generate, name, body.input_ids, body.parameters)
-    return sequence, str(service.get(name).record.version)
+    sequence, text = await run_in_threadpool(service.generate, name, body.input_ids, body.text_input, body.parameters)
+    return sequence, text, str(service.get(name).record.version)
 
 
 @router.post("/models/{name}/generate", response_model=GenerateResponse, responses=error_responses(400, 404, 500, 503))
 async def generate(name: str, body: GenerateRequest, request: Request) -> dict:
     """The whole generated sequence, once it ends."""
-    sequence, version = await _started(request, name, body)
+    sequence, text, version = await _started(request, name, body)
     tokens, finish_reason = [], None
     async for kind, value in _events(sequence, request):
         if kind == TOKEN:
@@ -63,7 +65,8 @@ async def generate(name: str, body: GenerateRequest, request: Request) -> dict:
             finish_reason = value
         else:
             raise JitServeError(f"generation failed: {value}")
-    return {"model_name": name, "model_version": version, "output_ids": tokens, "finish_reason": finish_reason}
+    answer = {"model_name": name, "model_version": version, "output_ids": tokens, "finish_reason": finish_reason}
+    return answer | ({"text_output": text.decode(tokens)} if text else {})
 
 
 class EventStream(StreamingResponse):
@@ -86,14 +89,17 @@ STREAM = {
 async def generate_stream(name: str, body: GenerateRequest, request: Request) -> EventStream:
     """One server-sent event per token (``{"output_ids": [id], "index": n}``), then one with the
     ``finish_reason``; an ``{"error": ...}`` event where the step failed."""
-    sequence, version = await _started(request, name, body)
+    sequence, text, version = await _started(request, name, body)
 
     async def stream():
-        index = 0
+        tokens: list[int] = []
+        decoded = ""
         async for kind, value in _events(sequence, request):
             if kind == TOKEN:
-                event = {"model_name": name, "model_version": version, "output_ids": [value], "index": index}
-                index += 1
+                event = {"model_name": name, "model_version": version, "output_ids": [value], "index": len(tokens)}
+                tokens.append(value)
+                if text:
+                    event["text_output"], decoded = text.piece(tokens, decoded)
             elif kind == DONE:
                 event = {"model_name": name, "model_version": version, "output_ids": [], "finish_reason": value}
             else:

@@ -177,7 +177,10 @@ class GenerateRequest(BaseModel):
         json_schema_extra={"examples": [{"input_ids": [464, 3290, 318], "parameters": {"max_tokens": 8}}]},
     )
 
-    input_ids: list[int] = Field(description="the prompt's token ids")
+    input_ids: list[int] | None = Field(None, description="the prompt's token ids (or text_input)")
+    text_input: str | None = Field(
+        None, description="the prompt as text, where the model was uploaded with a tokenizer.json (or input_ids)"
+    )
     parameters: SamplingParameters = Field(default_factory=SamplingParameters)
 
 
@@ -185,6 +188,7 @@ class GenerateResponse(BaseModel):
     model_name: str
     model_version: str
     output_ids: list[int] = Field(description="the generated token ids (a stop token included)")
+    text_output: str | None = Field(None, description="the generated text, where the model has a tokenizer")
     finish_reason: str = Field(description="stop: a stop token; length: max_tokens or the model's positions")
 
 

@@ -46,6 +46,8 @@ class LoadedModel:
     integer_refusal: str | None = None
     """Why the compiled tier would run some of them in float (None where it keeps all of them in integers,
     or there are none): :func:`compiler.models.quantized.integer_path_refusal`."""
+    tokenizer: bytes | None = None
+    """A ``tokenizer.json`` uploaded beside the model (an archive upload): what generate's text goes through."""
     output_steps: dict[str, float] = field(default_factory=dict)
     """The quantization step of each output dequantized from integers: engines' int8 kernels are verified
     against ONNX Runtime's within one step (:func:`compiler.models.quantized.output_steps`)."""
@@ -59,7 +61,7 @@ class LoadedModel:
 
     def stored_at(self, path: Path) -> LoadedModel:
         """This model without its proto and bytes, read from ``path`` when needed."""
-        return dataclasses.replace(self, proto=None, data=None, path=Path(path))
+        return dataclasses.replace(self, proto=None, data=None, tokenizer=None, path=Path(path))
 
 
 def model_digest(data: bytes) -> str:

@@ -10,6 +10,7 @@ is one self-contained proto (protobuf caps that at 2 GiB).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tarfile
 import zipfile
@@ -22,6 +23,8 @@ from ..storage.store import StagingArea
 from .model import LoadedModel, all_tensors, load_model, parse_model, validate_model
 
 ZIP_MAGIC = b"PK\x03\x04"
+TOKENIZER_NAME = "tokenizer.json"
+"""A Hugging Face tokenizer beside the .onnx file of an archive upload: generate then takes text."""
 UPLOAD_MODEL_NAME = "model.upload"  # the uploaded model file (or archive) inside its upload folder
 COPY_CHUNK = 1 << 20
 
@@ -139,7 +142,22 @@ def load_upload_folder(folder: Path, *, max_bytes: int) -> LoadedModel:
         model_file = find_model_file(root)
     if not model_file.is_file():
         return load_model(b"", max_bytes=max_bytes)
-    return load_upload(model_file, root, max_bytes=max_bytes)
+    model = load_upload(model_file, root, max_bytes=max_bytes)
+    tokenizer = model_file.parent / TOKENIZER_NAME
+    if root is folder or not tokenizer.is_file():
+        return model
+    return dataclasses.replace(model, tokenizer=checked_tokenizer(tokenizer.read_bytes()))
+
+
+def checked_tokenizer(data: bytes) -> bytes:
+    """``data`` where it is a Hugging Face ``tokenizer.json`` the ``tokenizers`` package reads; else 400."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_str(data.decode())
+    except Exception as exc:  # noqa: BLE001 - it raises its own types, and UnicodeDecodeError
+        raise BadRequestError(f"{TOKENIZER_NAME}: not a tokenizer the tokenizers package reads: {exc}") from None
+    return data
 
 
 def remove_upload(folder: Path) -> None:

@@ -30,6 +30,7 @@ from .compiling.tuner import BackgroundTuner
 from .generation.generation import Generation
 from .generation.generator import Sequence
 from .generation.sampling import SamplingParameters
+from .generation.text import Text
 from .memory.allocator import return_memory_now_and_after
 from .memory.kernel_cache import Kernels
 from .models.model_admission import ModelAdmission
@@ -207,9 +208,13 @@ class ModelService:
         """A protocol's request, whole: the one way a request enters the runtime (:mod:`.requests`)."""
         return await self.requests.infer(codec)
 
-    def generate(self, name: str, prompt: list[int], parameters: SamplingParameters) -> Sequence:
-        """A generate request's sequence, joining its model's running batch; its events say how it goes."""
-        return self.generation.generator(self.registry.get(name)).submit(prompt, parameters)
+    def generate(
+        self, name: str, input_ids: list[int] | None, text_input: str | None, parameters: SamplingParameters
+    ) -> tuple[Sequence, Text | None]:
+        """A generate request's sequence, joining its model's running batch (its events say how it goes), and
+        the model's tokenizer where it has one."""
+        generator = self.generation.generator(self.registry.get(name))
+        return generator.submit(generator.prompt_ids(input_ids, text_input), parameters), generator.text
 
     def predict(self, name: str, inputs: Any) -> Prediction:
         """Prepare and run a request in the calling thread."""

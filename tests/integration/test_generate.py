@@ -4,7 +4,9 @@ a stream whose client goes away freeing its cache, and bad input refused naming 
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 import onnxruntime as ort
 import pytest
@@ -106,6 +108,48 @@ def test_bad_input_gets_a_clear_error(server, body, status, message):
         assert answer.status_code == status, answer.text
         assert message in answer.text
         assert client.get("/models/gpt").json()["generation"]["cache_blocks"]["used"] == 0
+
+
+def word_tokenizer(vocab: int = 97) -> bytes:
+    """A tokenizer.json of one word per token id: ``w0`` ... ``w96``, split on whitespace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer.to_str().encode()
+
+
+def archive(**files: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for name, data in files.items():
+            bundle.writestr(f"decoder/{name.replace('_', '.')}", data)
+    return buffer.getvalue()
+
+
+def test_a_decoder_uploaded_with_its_tokenizer_takes_and_gives_text(server, reference):
+    """An archive holding model.onnx and tokenizer.json: text in, the same tokens as its ids, text out, and
+    the stream's pieces adding up to it."""
+    with server.client() as client:
+        response = client.put("/models/texty", content=archive(model_onnx=DECODER, tokenizer_json=word_tokenizer()))
+        assert response.status_code == 201, response.text
+        body = {"text_input": "w4 w8 w15 w16", "parameters": {"max_tokens": 6}}
+        answer = client.post("/v2/models/texty/generate", json=body).json()
+        tokens = uncached_greedy(*reference, [4, 8, 15, 16], 6)
+        assert answer["output_ids"] == tokens
+        assert answer["text_output"] == " ".join(f"w{t}" for t in tokens)
+        with client.stream("POST", "/v2/models/texty/generate_stream", json=body) as stream:
+            events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+        assert "".join(e.get("text_output", "") for e in events) == answer["text_output"]
+        assert client.get("/models/texty").json()["generation"]["tokenizer"] is True
+
+        without = client.post("/v2/models/gpt/generate", json=body)
+        assert without.status_code == 400 and "uploaded without a tokenizer.json" in without.json()["error"]
+        both = client.post("/v2/models/texty/generate", json={**body, "input_ids": [1]})
+        assert both.status_code == 400 and "one of input_ids and text_input" in both.json()["error"]
+        broken = client.put("/models/broken", content=archive(model_onnx=DECODER, tokenizer_json=b"{not json"))
+        assert broken.status_code == 400 and "tokenizer.json" in broken.json()["error"]
+        assert client.get("/models/broken").status_code == 404
 
 
 def test_a_model_that_is_no_decoder_is_refused(server):

@@ -4,6 +4,7 @@ started at its first generate request, closed when that version stops being serv
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from compiler.errors import BadRequestError
 from compiler.models.decoder import recognize_decoder
@@ -14,6 +15,7 @@ from ..models.registry import ServedModel
 from ..observability.metrics import Metrics
 from .generator import Generator
 from .kv_blocks import KvBlocks
+from .text import Text
 
 
 def decoder_refusal(served: ServedModel) -> str:
@@ -24,9 +26,13 @@ def decoder_refusal(served: ServedModel) -> str:
 
 
 class Generation:
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, tokenizer_of: Callable[[ServedModel], bytes | None]
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._tokenizer_of = tokenizer_of
+        """The ``tokenizer.json`` stored with a model version, or None."""
         self._generators: dict[str, tuple[ServedModel, Generator]] = {}
         self._lock = threading.Lock()
 
@@ -50,9 +56,11 @@ class Generation:
             per_block = s.generate_block_positions * spec.cache_bytes_per_position()
             blocks = KvBlocks(s.generate_cache_bytes // per_block, s.generate_block_positions,
                               spec.cache_bytes_per_position())  # fmt: skip
+            tokenizer = self._tokenizer_of(served)
             generator = Generator(
                 served.name, spec, session, blocks, self.metrics.generation,
                 max_batch=s.generate_max_batch, max_waiting=s.generate_max_waiting, max_tokens=s.generate_max_tokens,
+                text=Text(tokenizer) if tokenizer is not None else None,
             )  # fmt: skip
             self._generators[served.name] = (served, generator)
             return generator

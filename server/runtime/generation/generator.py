@@ -26,6 +26,7 @@ from ..observability.metrics.generation import GenerationMetrics
 from .batch import RunningBatch, SeparateSequences, present_cache
 from .kv_blocks import KvBlocks
 from .sampling import SamplingParameters, next_token
+from .text import Text
 
 log = logging.getLogger("jitserve")
 
@@ -77,6 +78,7 @@ class Generator:
         max_batch: int,
         max_waiting: int,
         max_tokens: int,
+        text: Text | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -86,6 +88,8 @@ class Generator:
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.max_tokens = max_tokens
+        self.text = text
+        """The model's tokenizer where it was uploaded with one: generate then takes and gives text."""
         self._waiting: list[Sequence] = []
         self._running = RunningBatch(spec) if spec.batches_by_mask else SeparateSequences(spec)
         self._wake = threading.Condition()
@@ -119,6 +123,18 @@ class Generator:
                 f"model's {limit} positions (at most {room})"
             )
 
+    def prompt_ids(self, input_ids: list[int] | None, text_input: str | None) -> list[int]:
+        """The prompt's token ids, given as ids or as text (where the model has a tokenizer); 400 otherwise."""
+        if (input_ids is None) == (text_input is None):
+            raise BadRequestError("give the prompt as one of input_ids and text_input")
+        if text_input is None:
+            return input_ids
+        if self.text is None:
+            raise BadRequestError(
+                f"text_input: model {self.model!r} was uploaded without a tokenizer.json; give input_ids"
+            )
+        return self.text.encode(text_input)
+
     def submit(self, prompt: list[int], parameters: SamplingParameters) -> Sequence:
         """A checked sequence with its cache blocks reserved, waiting to join the batch; 503 where the cache or
         the waiting queue is full."""
@@ -147,6 +163,7 @@ class Generator:
             running, waiting = len(self._running), len(self._waiting)
         return {
             "decoder": self.spec.describe(),
+            "tokenizer": self.text is not None,
             "running": running,
             "waiting": waiting,
             "cache_blocks": {"used": self.blocks.used, "total": self.blocks.total,

@@ -178,7 +178,7 @@ class ModelAdmission:
                 free = self.scheduler.free_slots
                 if self.scheduler.enabled and len(warm) > free:
                     raise UnavailableError(f"compile queue is full ({free} free slots, {len(warm)} warm buckets)")
-                self.models.save(record, model.data)
+                self.models.save(record, model.data, model.tokenizer)
             except BaseException:
                 served.retire()  # never served: stop its batcher
                 raise

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from compiler.building.options import MAX_ATOL, MAX_RTOL
 from compiler.errors import BadRequestError
 from compiler.models.model import model_digest
+from compiler.models.upload import TOKENIZER_NAME
 from compiler.running.precision import PrecisionContract
 from compiler.shapes.buckets import AxisPolicy, AxisSafety
 from compiler.storage.store import StagingArea
@@ -206,6 +207,13 @@ class ModelStore:
                     found[entry.name] = version
         return found
 
+    def tokenizer(self, record: ModelRecord) -> bytes | None:
+        """The stored version's ``tokenizer.json``; None where it was uploaded without one."""
+        try:
+            return (self._dir(record.name, record.version) / TOKENIZER_NAME).read_bytes()
+        except FileNotFoundError:
+            return None
+
     def model_path(self, record: ModelRecord) -> Path:
         """Where a stored version's model bytes are (compile children read them there)."""
         return self._dir(record.name, record.version) / MODEL_FILE
@@ -243,11 +251,14 @@ class ModelStore:
         found = [loaded for name in names if (loaded := self.load(name)) is not None]
         return found, len(names) - len(found)
 
-    def save(self, record: ModelRecord, data: bytes) -> None:
-        """Write a new version in one rename, then drop the older versions (hold :meth:`locked`)."""
+    def save(self, record: ModelRecord, data: bytes, tokenizer: bytes | None = None) -> None:
+        """Write a new version in one rename, with its ``tokenizer.json`` where it has one, then drop the older
+        versions (hold :meth:`locked`)."""
         staged = self.staging_area.entry("version")
         staged.mkdir()
         (staged / MODEL_FILE).write_bytes(data)
+        if tokenizer is not None:
+            (staged / TOKENIZER_NAME).write_bytes(tokenizer)
         _write_atomic(staged / RECORD_FILE, record.model_dump_json(indent=2))
         (self.root / record.name).mkdir(exist_ok=True)
         os.rename(staged, self._dir(record.name, record.version))
