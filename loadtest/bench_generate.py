@@ -10,8 +10,8 @@ The model is the zoo's ``gpt2_kv`` (GPT-2 small with random weights, its cache a
 ``--model`` names another decoder compiler.models.decoder recognises. Each stream has a prompt of ``--prompt``
 random token ids (seed 0; stream 0's prompt is the batch-1 prompt) and generates ``--new`` greedy tokens:
 
-- jitserve: ``server.runtime.generation.generator.Generator`` over an ONNX Runtime session built as the server
-  builds it, at 1 stream and at ``--streams`` concurrent streams (decoded as one batch each step);
+- jitserve: ``server.runtime.generation.generator.Generator`` over the model's ONNX Runtime engine as the
+  server builds it, at 1 stream and at ``--streams`` concurrent streams (decoded as one batch each step);
 - ONNX Runtime: a plain greedy loop at batch 1 over the same session, each step's ``present`` fed back as
   ``past`` by hand;
 - ONNX Runtime GenAI: its greedy search at batch 1 and over the ``--streams`` prompts as one batch, run by
@@ -265,7 +265,7 @@ def main() -> int:
 
     from compiler.models.decoder import recognize_decoder
     from compiler.models.model import load_model_file
-    from compiler.running.engines import ort_session_options
+    from compiler.running.engines import OrtEngine
     from server.runtime.generation.generator import Generator
     from server.runtime.generation.kv_blocks import KvBlocks
     from server.runtime.observability.metrics import Metrics
@@ -281,10 +281,12 @@ def main() -> int:
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(0, spec.vocab, (args.streams, args.prompt)).tolist()
 
-    # As the server builds them (server/runtime/generation/generation.py), the cache sized for every stream.
-    session = ort.InferenceSession(str(args.model), ort_session_options(), providers=["CPUExecutionProvider"])
+    # As the server builds them (server/runtime/generation/generation.py): the model's ONNX Runtime engine, the
+    # cache sized for every stream.
+    engine = OrtEngine(args.model.read_bytes())
+    session = engine.session
     blocks = KvBlocks(args.streams * -(-(args.prompt + args.new) // 16), 16, spec.cache_bytes_per_position())
-    generator = Generator("bench", spec, session, blocks, Metrics().generation, max_batch=args.streams,
+    generator = Generator("bench", spec, engine, blocks, Metrics().generation, max_batch=args.streams,
                           max_waiting=args.streams, max_tokens=args.new)  # fmt: skip
     rows = []
     try:
@@ -297,7 +299,7 @@ def main() -> int:
     print("ONNX Runtime loop...", file=sys.stderr, flush=True)
     loop = [ort_loop_run(session, spec, prompts[0], args.new) for _ in range(args.runs + 1)][1:]
     rows.append(Row("ONNX Runtime loop", 1, loop))
-    del generator, session  # its threads and weights leave the machine to GenAI's process
+    del generator, session, engine  # its threads and weights leave the machine to GenAI's process
 
     genai_note = "ONNX Runtime GenAI: left out (--no-genai)"
     if not args.no_genai and not args.genai_python.is_file():

@@ -8,11 +8,11 @@ import io
 import json
 import zipfile
 
-import onnxruntime as ort
 import pytest
 
 from compiler.models.decoder import recognize_decoder
 from compiler.models.model import load_model
+from compiler.running.engines import OrtEngine
 from tests.integration.serverproc import ServerProcess, metric_value, wait_until
 from tests.integration.test_serving import upload
 from tests.server.runtime.test_generation import uncached_greedy
@@ -39,7 +39,7 @@ def server(tmp_path_factory):
 def reference():
     model = load_model(DECODER, max_bytes=1 << 26)
     spec = recognize_decoder(model.signature, model.index_bounds)
-    return ort.InferenceSession(DECODER, providers=["CPUExecutionProvider"]), spec
+    return OrtEngine(DECODER), spec
 
 
 def test_generate_answers_the_plain_greedy_loop_and_describes_the_decoder(server, reference):

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from compiler.errors import BadRequestError
 from compiler.models.decoder import recognize_decoder
-from compiler.running.engines import ort_session_options
 
 from ...settings import Settings
 from ..models.registry import ServedModel
@@ -47,18 +46,13 @@ class Generation:
                 raise BadRequestError(decoder_refusal(served))
             if found is not None:  # an older version's loop
                 found[1].close()
-            import onnxruntime as ort
-
-            session = ort.InferenceSession(
-                served.model.read_bytes(), ort_session_options(), providers=["CPUExecutionProvider"]
-            )
             s = self.settings
             per_block = s.generate_block_positions * spec.cache_bytes_per_position()
             blocks = KvBlocks(s.generate_cache_bytes // per_block, s.generate_block_positions,
                               spec.cache_bytes_per_position())  # fmt: skip
             tokenizer = self._tokenizer_of(served)
             generator = Generator(
-                served.name, spec, session, blocks, self.metrics.generation,
+                served.name, spec, served.ort, blocks, self.metrics.generation,
                 max_batch=s.generate_max_batch, max_waiting=s.generate_max_waiting, max_tokens=s.generate_max_tokens,
                 text=Text(tokenizer) if tokenizer is not None else None,
             )  # fmt: skip

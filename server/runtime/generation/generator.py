@@ -21,6 +21,7 @@ import numpy as np
 
 from compiler.errors import BadRequestError, UnavailableError
 from compiler.models.decoder import DecoderSpec
+from compiler.running.engines import OrtEngine
 
 from ..observability.metrics.generation import GenerationMetrics
 from .batch import RunningBatch, SeparateSequences, present_cache
@@ -65,13 +66,14 @@ class Sequence:
 
 
 class Generator:
-    """The generation loop of one decoder model over ``session`` (an ONNX Runtime InferenceSession)."""
+    """The generation loop of one decoder model over ``engine`` (the model's ONNX Runtime engine: its weights
+    held once, for generate and predict alike)."""
 
     def __init__(
         self,
         model: str,
         spec: DecoderSpec,
-        session,
+        engine: OrtEngine,
         blocks: KvBlocks,
         metrics: GenerationMetrics,
         *,
@@ -82,7 +84,7 @@ class Generator:
     ) -> None:
         self.model = model
         self.spec = spec
-        self.session = session
+        self.engine = engine
         self.blocks = blocks
         self.metrics = metrics
         self.max_batch = max_batch
@@ -94,7 +96,6 @@ class Generator:
         self._running = RunningBatch(spec) if spec.batches_by_mask else SeparateSequences(spec)
         self._wake = threading.Condition()
         self._closed = False
-        self._outputs = [out.name for out in session.get_outputs()]
         self._thread = threading.Thread(target=self._loop, name=f"generate-{model}", daemon=True)
         self._thread.start()
 
@@ -249,7 +250,7 @@ class Generator:
     # -- calls -----------------------------------------------------------------
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
+        return self.engine.run(feeds)
 
     def _prefill(self, sequence: Sequence) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The prompt run whole against an empty cache: its last position's logits, and its cache."""

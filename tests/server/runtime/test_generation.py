@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from compiler.errors import BadRequestError
 from compiler.models.decoder import recognize_decoder
 from compiler.models.model import load_model
+from compiler.running.engines import OrtEngine
 from server.runtime.generation.generator import DONE, TOKEN, Generator
 from server.runtime.generation.kv_blocks import CacheFullError, KvBlocks
 from server.runtime.generation.sampling import SamplingParameters
@@ -30,11 +30,11 @@ def spec():
 
 
 @pytest.fixture(scope="module")
-def session():
-    return ort.InferenceSession(DECODER, providers=["CPUExecutionProvider"])
+def engine():
+    return OrtEngine(DECODER)
 
 
-def uncached_greedy(session, spec, prompt: list[int], count: int) -> list[int]:
+def uncached_greedy(engine, spec, prompt: list[int], count: int) -> list[int]:
     """The plain loop: the whole sequence run again at every step, with an empty cache."""
     tokens = list(prompt)
     empty = np.zeros((1, spec.heads, 0, spec.head_dim), np.float32)
@@ -44,15 +44,15 @@ def uncached_greedy(session, spec, prompt: list[int], count: int) -> list[int]:
         if spec.batches_by_mask:
             feeds.update({"attention_mask": np.ones((1, n), np.int64), "position_ids": np.arange(n)[None]})
         feeds.update({name: empty for pair in spec.past for name in pair})
-        logits = session.run(["logits"], feeds)[0]
+        logits = engine.run(feeds)["logits"]
         tokens.append(int(np.argmax(logits[0, -1])))
     return tokens[len(prompt) :]
 
 
-def make_generator(spec, session, *, blocks: int = 64, max_batch: int = 8, metrics: Metrics | None = None):
+def make_generator(spec, engine, *, blocks: int = 64, max_batch: int = 8, metrics: Metrics | None = None):
     pool = KvBlocks(blocks, 16, spec.cache_bytes_per_position())
     metrics = metrics or Metrics()
-    generator = Generator("decoder", spec, session, pool, metrics.generation, max_batch=max_batch,
+    generator = Generator("decoder", spec, engine, pool, metrics.generation, max_batch=max_batch,
                           max_waiting=16, max_tokens=128)  # fmt: skip
     return generator, metrics
 
@@ -80,12 +80,12 @@ def test_the_decoder_is_recognised_from_its_signature(spec):
     assert recognize_decoder(encoder.signature, encoder.index_bounds) is None
 
 
-def test_greedy_tokens_equal_the_uncached_loop(spec, session):
-    generator, metrics = make_generator(spec, session)
+def test_greedy_tokens_equal_the_uncached_loop(spec, engine):
+    generator, metrics = make_generator(spec, engine)
     try:
         prompt = [3, 14, 15, 92, 65, 35]
         tokens, reason = drain(generator.submit(prompt, SamplingParameters(max_tokens=20)))
-        assert reason == "length" and tokens == uncached_greedy(session, spec, prompt, 20)
+        assert reason == "length" and tokens == uncached_greedy(engine, spec, prompt, 20)
         assert generator.blocks.used == 0
         text = metrics.exposition().decode()
         assert metric_value(text, "jitserve_generated_tokens_total", model="decoder") == 20
@@ -93,16 +93,16 @@ def test_greedy_tokens_equal_the_uncached_loop(spec, session):
         generator.close()
 
 
-def test_sequences_of_different_lengths_decode_as_one_batch(spec, session):
+def test_sequences_of_different_lengths_decode_as_one_batch(spec, engine):
     """Four sequences submitted together (prompts of 1 to 9 tokens, 6 to 18 new tokens) join one batch; each
     answers what it answers alone, and the batch shrinks as they end."""
-    generator, metrics = make_generator(spec, session)
+    generator, metrics = make_generator(spec, engine)
     try:
         requests = [([5], 18), ([7, 8, 9, 10], 12), ([1, 2, 3, 4, 5, 6, 7, 8, 9], 6), ([42, 42], 15)]
         sequences = [generator.submit(p, SamplingParameters(max_tokens=n)) for p, n in requests]
         for (prompt, count), sequence in zip(requests, sequences, strict=True):
             tokens, _ = drain(sequence)
-            assert tokens == uncached_greedy(session, spec, prompt, count), prompt
+            assert tokens == uncached_greedy(engine, spec, prompt, count), prompt
         text = metrics.exposition().decode()
         steps = metric_value(text, "jitserve_generate_step_batch_size_count", model="decoder")
         batched = metric_value(text, "jitserve_generate_step_batch_size_sum", model="decoder")
@@ -119,13 +119,13 @@ def test_a_decoder_without_a_mask_decodes_each_sequence_by_itself():
     model = load_model(data, max_bytes=1 << 26)
     spec = recognize_decoder(model.signature, model.index_bounds)
     assert spec.mask is None and spec.positions is None and not spec.batches_by_mask
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    generator, metrics = make_generator(spec, session)
+    engine = OrtEngine(data)
+    generator, metrics = make_generator(spec, engine)
     try:
         requests = [([5, 6], 9), ([7, 8, 9, 10, 11], 4)]
         sequences = [generator.submit(p, SamplingParameters(max_tokens=n)) for p, n in requests]
         for (prompt, count), sequence in zip(requests, sequences, strict=True):
-            assert drain(sequence)[0] == uncached_greedy(session, spec, prompt, count), prompt
+            assert drain(sequence)[0] == uncached_greedy(engine, spec, prompt, count), prompt
         text = metrics.exposition().decode()
         assert metric_value(text, "jitserve_generate_step_batch_size_bucket", model="decoder", le="1.0") == (
             metric_value(text, "jitserve_generate_step_batch_size_count", model="decoder")
@@ -134,8 +134,8 @@ def test_a_decoder_without_a_mask_decodes_each_sequence_by_itself():
         generator.close()
 
 
-def test_a_cache_that_cannot_fit_is_refused_with_the_reason_and_returned_when_sequences_end(spec, session):
-    generator, _ = make_generator(spec, session, blocks=3)  # 48 positions
+def test_a_cache_that_cannot_fit_is_refused_with_the_reason_and_returned_when_sequences_end(spec, engine):
+    generator, _ = make_generator(spec, engine, blocks=3)  # 48 positions
     try:
         first = generator.submit([1, 2, 3], SamplingParameters(max_tokens=29))  # 32 positions: 2 blocks
         with pytest.raises(CacheFullError, match=r"1 of 3 blocks free .* needs 2 for 32 positions"):
@@ -148,8 +148,8 @@ def test_a_cache_that_cannot_fit_is_refused_with_the_reason_and_returned_when_se
         generator.close()
 
 
-def test_a_cancelled_sequence_leaves_the_batch_and_frees_its_cache(spec, session):
-    generator, _ = make_generator(spec, session)
+def test_a_cancelled_sequence_leaves_the_batch_and_frees_its_cache(spec, engine):
+    generator, _ = make_generator(spec, engine)
     try:
         long = generator.submit([1, 2], SamplingParameters(max_tokens=60))
         other = generator.submit([3, 4], SamplingParameters(max_tokens=10))
@@ -159,7 +159,7 @@ def test_a_cancelled_sequence_leaves_the_batch_and_frees_its_cache(spec, session
         while (event := long.events.get(timeout=30))[0] == TOKEN:
             pass
         assert event == (DONE, "cancelled") and len(long.tokens) < 60
-        assert drain(other)[0] == uncached_greedy(session, spec, [3, 4], 10)  # the other went on, unharmed
+        assert drain(other)[0] == uncached_greedy(engine, spec, [3, 4], 10)  # the other went on, unharmed
         assert generator.blocks.used == 0
     finally:
         generator.close()
@@ -177,8 +177,8 @@ def test_a_cancelled_sequence_leaves_the_batch_and_frees_its_cache(spec, session
         ([1], {"stop": [500]}, "stop: token id 500"),
     ],
 )
-def test_bad_input_is_refused_naming_the_field(spec, session, prompt, parameters, message):
-    generator, _ = make_generator(spec, session)
+def test_bad_input_is_refused_naming_the_field(spec, engine, prompt, parameters, message):
+    generator, _ = make_generator(spec, engine)
     try:
         with pytest.raises(BadRequestError, match=message):
             generator.submit(prompt, SamplingParameters(**parameters))
@@ -187,13 +187,13 @@ def test_bad_input_is_refused_naming_the_field(spec, session, prompt, parameters
         generator.close()
 
 
-def test_sampling_is_repeatable_by_seed_and_stops_at_a_stop_token(spec, session):
-    generator, _ = make_generator(spec, session)
+def test_sampling_is_repeatable_by_seed_and_stops_at_a_stop_token(spec, engine):
+    generator, _ = make_generator(spec, engine)
     try:
         sampled = SamplingParameters(max_tokens=16, temperature=1.5, top_k=20, top_p=0.9, seed=7)
         first, again = (drain(generator.submit([9, 9], sampled))[0] for _ in range(2))
-        assert first == again and first != uncached_greedy(session, spec, [9, 9], 16)
-        greedy = uncached_greedy(session, spec, [9, 9], 16)
+        assert first == again and first != uncached_greedy(engine, spec, [9, 9], 16)
+        greedy = uncached_greedy(engine, spec, [9, 9], 16)
         stop = greedy[5]
         tokens, reason = drain(generator.submit([9, 9], SamplingParameters(max_tokens=16, stop=[stop])))
         assert reason == "stop" and tokens == greedy[: greedy.index(stop) + 1]
