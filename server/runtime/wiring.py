@@ -56,7 +56,9 @@ def build_runtime(
     artifacts = KernelStore(settings.kernel_store_dir)
     memory_guard = MemoryGuard(settings.memory_bytes, metrics, lambda: kernels.weights.total_bytes)
     kernels = _kernels(settings, metrics, artifacts, open_engine, kernel_threads, memory_guard=memory_guard)
-    generation = Generation(settings, metrics, lambda served: models_store.tokenizer(served.record))
+    generation = Generation(
+        settings, metrics, lambda served: models_store.tokenizer(served.record), memory_guard.check_room
+    )
     registry = Registry(on_retire=partial(release_retired, kernels, generation))
     explanations = Explanations(artifacts, settings.explain_profile_seconds, kernel_threads or None)
     router = Router(settings, metrics, models_store, artifacts)

@@ -26,10 +26,16 @@ def decoder_refusal(served: ServedModel) -> str:
 
 class Generation:
     def __init__(
-        self, settings: Settings, metrics: Metrics, tokenizer_of: Callable[[ServedModel], bytes | None]
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        tokenizer_of: Callable[[ServedModel], bytes | None],
+        check_room: Callable[[str, int], None],
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._check_room = check_room
+        """Memory-aware admission: a sequence's cache blocks must fit beside what the server holds."""
         self._tokenizer_of = tokenizer_of
         """The ``tokenizer.json`` stored with a model version, or None."""
         self._generators: dict[str, tuple[ServedModel, Generator]] = {}
@@ -54,7 +60,7 @@ class Generation:
             generator = Generator(
                 served.name, spec, served.ort, blocks, self.metrics.generation,
                 max_batch=s.generate_max_batch, max_waiting=s.generate_max_waiting, max_tokens=s.generate_max_tokens,
-                text=Text(tokenizer) if tokenizer is not None else None,
+                text=Text(tokenizer) if tokenizer is not None else None, check_room=self._check_room,
             )  # fmt: skip
             self._generators[served.name] = (served, generator)
             return generator

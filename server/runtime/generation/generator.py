@@ -15,17 +15,18 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.errors import BadRequestError, UnavailableError
+from compiler.errors import BadRequestError, InsufficientMemoryError, UnavailableError
 from compiler.models.decoder import DecoderSpec
 from compiler.running.engines import OrtEngine
 
 from ..observability.metrics.generation import GenerationMetrics
 from .batch import RunningBatch, SeparateSequences, present_cache
-from .kv_blocks import KvBlocks
+from .kv_blocks import CacheFullError, KvBlocks
 from .sampling import SamplingParameters, next_token
 from .text import Text
 
@@ -81,6 +82,7 @@ class Generator:
         max_waiting: int,
         max_tokens: int,
         text: Text | None = None,
+        check_room: Callable[[str, int], None] = lambda _what, _nbytes: None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -91,6 +93,8 @@ class Generator:
         self.max_waiting = max_waiting
         self.max_tokens = max_tokens
         self.text = text
+        self._check_room = check_room
+        """The server's memory-aware admission (:meth:`..memory.memory_guard.MemoryGuard.check_room`)."""
         """The model's tokenizer where it was uploaded with one: generate then takes and gives text."""
         self._waiting: list[Sequence] = []
         self._running = RunningBatch(spec) if spec.batches_by_mask else SeparateSequences(spec)
@@ -146,6 +150,11 @@ class Generator:
             if len(self._waiting) >= self.max_waiting:
                 raise UnavailableError(f"{len(self._waiting)} sequences already wait to join the batch; retry later")
             reserved = self.blocks.reserve(len(prompt) + parameters.max_tokens)
+            try:  # the blocks it may fill must fit in the server's memory beside what it holds
+                self._check_room("a sequence's key/value cache", reserved * self.blocks.block_bytes)
+            except InsufficientMemoryError as exc:
+                self.blocks.release(reserved)
+                raise CacheFullError(str(exc)) from None
             sequence = Sequence(prompt, parameters, reserved)
             self._waiting.append(sequence)
             self._publish()

@@ -16,6 +16,7 @@ from compiler.running.engines import OrtEngine
 from server.runtime.generation.generator import DONE, TOKEN, Generator
 from server.runtime.generation.kv_blocks import CacheFullError, KvBlocks
 from server.runtime.generation.sampling import SamplingParameters
+from server.runtime.memory.memory_guard import MemoryGuard
 from server.runtime.observability.metrics import Metrics
 from tests.integration.serverproc import metric_value
 from tests.synthetic import bert_encoder_model, kv_cache_decoder_model
@@ -49,11 +50,11 @@ def uncached_greedy(engine, spec, prompt: list[int], count: int) -> list[int]:
     return tokens[len(prompt) :]
 
 
-def make_generator(spec, engine, *, blocks: int = 64, max_batch: int = 8, metrics: Metrics | None = None):
+def make_generator(spec, engine, *, blocks: int = 64, max_batch: int = 8, metrics: Metrics | None = None, **kw):
     pool = KvBlocks(blocks, 16, spec.cache_bytes_per_position())
     metrics = metrics or Metrics()
     generator = Generator("decoder", spec, engine, pool, metrics.generation, max_batch=max_batch,
-                          max_waiting=16, max_tokens=128)  # fmt: skip
+                          max_waiting=16, max_tokens=128, **kw)  # fmt: skip
     return generator, metrics
 
 
@@ -144,6 +145,21 @@ def test_a_cache_that_cannot_fit_is_refused_with_the_reason_and_returned_when_se
         drain(first)
         assert generator.blocks.used == 0
         drain(generator.submit([1, 2, 3], SamplingParameters(max_tokens=29)))  # fits again
+    finally:
+        generator.close()
+
+
+def test_a_cache_past_the_servers_memory_is_refused_by_memory_aware_admission(spec, engine):
+    """The server's memory guard, at a limit this process is already past: the blocks are free, but a
+    sequence that would fill them is refused with 503 and the guard's reason, and gives them back."""
+    metrics = Metrics()
+    guard = MemoryGuard(64 * 2**20, metrics, lambda: 0)
+    generator, _ = make_generator(spec, engine, metrics=metrics, check_room=guard.check_room)
+    try:
+        with pytest.raises(CacheFullError, match="no room for a sequence's key/value cache: it needs about 0 MiB"):
+            generator.submit([1, 2, 3], SamplingParameters(max_tokens=8))
+        assert generator.blocks.used == 0
+        assert metric_value(metrics.exposition().decode(), "jitserve_uploads_refused_for_memory_total") == 1
     finally:
         generator.close()
 

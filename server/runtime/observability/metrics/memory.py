@@ -31,7 +31,8 @@ class MemoryMetrics:
         )
         self.refusals = counter(
             "jitserve_uploads_refused_for_memory_total",
-            "Uploads refused (507) because their weights would not fit in memory beside the served models.",
+            "Uploads refused (507) because their weights would not fit in memory beside the served models; also "
+            "OpenVINO builds and generate sequences (503) refused for the memory they would take.",
         )
 
     def set_limit(self, *, limit: int) -> None:
