@@ -92,6 +92,18 @@ def test_a_client_that_goes_away_frees_its_sequence(server):
         assert metric_value(text, "jitserve_generated_tokens_total", model="slow") < 1000
 
 
+def test_no_length_costs_a_compile(server):
+    """Prompts of 1 to 40 tokens, each grown to 48 positions (this server's cache): every step is served, and
+    the model has no compile."""
+    with server.client() as client:
+        for length in (1, 7, 23, 40):
+            body = {"input_ids": list(range(1, length + 1)), "parameters": {"max_tokens": 48 - length}}
+            answer = client.post("/v2/models/gpt/generate", json=body)
+            assert answer.status_code == 200, answer.text
+            assert len(answer.json()["output_ids"]) == 48 - length
+        assert metric_value(client.get("/metrics").text, "jitserve_compiles_total", model="gpt") == 0
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
