@@ -1,6 +1,6 @@
 # Two entry points: `make run` and `make test`. Both install into .venv first.
 # `make bench` reproduces the bench table, the zoo's convnets included (`make zoo` exports them once
-# into .cache/zoo); TUNE_TRIALS=400 adds a tuned column (hours). `make tune-db` regenerates the shipped
+# into .cache/zoo), and generation's tokens/s against ONNX Runtime GenAI; TUNE_TRIALS=400 adds a tuned column (hours). `make tune-db` regenerates the shipped
 # tuning database (compiler/tuning_db) for this machine's vector ISA and core count (hours).
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -51,8 +51,17 @@ $(ZOO_VENV)/.installed-2:
 zoo: $(ZOO_VENV)/.installed-2
 	$(ZOO_VENV)/bin/python -W ignore::DeprecationWarning loadtest/zoo.py
 
-bench: install zoo
+# ONNX Runtime GenAI, generation's peer in `make bench` (loadtest/bench_generate.py), in an environment of its
+# own: it brings its own onnxruntime.
+GENAI_VENV := .cache/genai-venv
+$(GENAI_VENV)/.installed:
+	python3 -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/pip install --quiet onnxruntime-genai==0.18.0
+	touch $@
+
+bench: install zoo $(GENAI_VENV)/.installed
 	$(PY) loadtest/bench_table.py --tune-trials $(TUNE_TRIALS)
+	$(PY) loadtest/bench_generate.py --genai-python $(GENAI_VENV)/bin/python
 
 tune-db: install zoo
 	$(PY) loadtest/tune_db.py
