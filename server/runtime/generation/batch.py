@@ -3,13 +3,19 @@ between steps: each layer's cache one ``[batch, heads, positions, head_dim]`` te
 padded at the front and the padding masked. A step hands the batch's cache to the model as ``past`` and keeps
 the ``present`` it returns as the next step's cache: nothing is gathered or scattered per step. The batch is
 rebuilt only as sequences join (padded to the longest) or leave (their rows dropped, and the padding no
-sequence needs any more trimmed)."""
+sequence needs any more trimmed). Sequences of very different lengths run as batches of their own
+(:class:`GroupedBatches`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from compiler.models.decoder import DecoderSpec
+
+PADDING_SHARE = 0.2
+"""A batch's padding may be this share of the positions its sequences hold (and a block a row); a sequence that
+would pad it further decodes in a batch of its own: a 1,000-position sequence beside a 10-position one would
+double the cache's memory and the short one's attention."""
 
 
 class RunningBatch:
@@ -27,6 +33,17 @@ class RunningBatch:
     @property
     def positions(self) -> int:
         return self.mask.shape[1]
+
+    def live_positions(self) -> int:
+        """The positions its rows hold, padding not counted."""
+        return int(self.mask.sum())
+
+    def takes(self, length: int, slack: int) -> bool:
+        """Whether a sequence of ``length`` positions may join: the padding after it stays within
+        :data:`PADDING_SHARE` of the positions the rows hold, plus ``slack`` positions a row."""
+        rows = len(self.sequences) + 1
+        live = self.live_positions() + length
+        return rows * max(self.positions, length) - live <= PADDING_SHARE * live + slack * rows
 
     def padded_bytes(self) -> int:
         """What the batch's cache holds, padding included."""
@@ -94,6 +111,47 @@ def _front_padded(array: np.ndarray, positions: int) -> np.ndarray:
     widths = [(0, 0)] * array.ndim
     widths[axis] = (missing, 0)
     return np.pad(array, widths)
+
+
+class GroupedBatches:
+    """The running sequences as batches of similar lengths (:meth:`RunningBatch.takes`), each decoded by one call
+    within the step: the cache holds its sequences' positions and at most a fifth more (and a block a row)."""
+
+    def __init__(self, spec: DecoderSpec, block_positions: int) -> None:
+        self.spec = spec
+        self.block_positions = block_positions
+        self.groups: list[RunningBatch] = []
+
+    @property
+    def sequences(self) -> list:
+        return [sequence for group in self.groups for sequence in group.sequences]
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self.groups)
+
+    def padded_bytes(self) -> int:
+        return sum(group.padded_bytes() for group in self.groups)
+
+    def join(self, sequence, cache: dict[str, np.ndarray]) -> None:
+        length = next(iter(cache.values())).shape[2]
+        group = next((g for g in self.groups if g.takes(length, self.block_positions)), None)
+        if group is None:
+            group = RunningBatch(self.spec)
+            self.groups.append(group)
+        group.join(sequence, cache)
+
+    def leave(self, gone: list) -> None:
+        for group in self.groups:
+            group.leave([sequence for sequence in gone if sequence in group.sequences])
+        self.groups = [group for group in self.groups if group.sequences]
+
+    def step(self, run, tokens: list[int]) -> list[np.ndarray]:
+        """Each group's step, the rows in :attr:`sequences`' order (``tokens`` in it too)."""
+        rows, start = [], 0
+        for group in self.groups:
+            rows += group.step(run, tokens[start : start + len(group)])
+            start += len(group)
+        return rows
 
 
 class SeparateSequences:

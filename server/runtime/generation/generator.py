@@ -25,7 +25,7 @@ from compiler.models.decoder import DecoderSpec
 from compiler.running.engines import OrtEngine
 
 from ..observability.metrics.generation import GenerationMetrics
-from .batch import RunningBatch, SeparateSequences, present_cache
+from .batch import GroupedBatches, SeparateSequences, present_cache
 from .kv_blocks import CacheFullError, KvBlocks
 from .sampling import SamplingParameters, next_token
 from .text import Text
@@ -97,7 +97,9 @@ class Generator:
         """The server's memory-aware admission (:meth:`..memory.memory_guard.MemoryGuard.check_room`)."""
         """The model's tokenizer where it was uploaded with one: generate then takes and gives text."""
         self._waiting: list[Sequence] = []
-        self._running = RunningBatch(spec) if spec.batches_by_mask else SeparateSequences(spec)
+        self._running = (
+            GroupedBatches(spec, blocks.block_positions) if spec.batches_by_mask else SeparateSequences(spec)
+        )
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"generate-{model}", daemon=True)
@@ -216,7 +218,7 @@ class Generator:
             if sequence.cancelled.is_set():
                 self._end(sequence, "cancelled")
                 continue
-            logits, cache = self._prefill(sequence)
+            logits, cache = prefill(self.spec, self._run, sequence.prompt)
             now = time.perf_counter()
             self.metrics.record_first_token(model=self.model, seconds=now - sequence.arrived)
             if self._emit(sequence, logits, now):
@@ -261,16 +263,18 @@ class Generator:
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.engine.run(feeds)
 
-    def _prefill(self, sequence: Sequence) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The prompt run whole against an empty cache: its last position's logits, and its cache."""
-        spec, count = self.spec, len(sequence.prompt)
-        feeds = {spec.tokens: np.array([sequence.prompt], dtype=np.int64)}
-        if spec.mask:
-            feeds[spec.mask] = np.ones((1, count), np.int64)
-        if spec.positions:
-            feeds[spec.positions] = np.arange(count, dtype=np.int64)[None]
-        empty = np.zeros((1, spec.heads, 0, spec.head_dim), dtype=spec.cache_dtype)
-        for pair in spec.past:
-            feeds.update(dict.fromkeys(pair, empty))
-        outputs = self._run(feeds)
-        return outputs[spec.logits][0, -1], present_cache(spec, outputs)
+
+def prefill(spec: DecoderSpec, run, prompt: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The prompt run whole by ``run`` (the model's call) against an empty cache: its last position's logits,
+    and its cache."""
+    count = len(prompt)
+    feeds = {spec.tokens: np.array([prompt], dtype=np.int64)}
+    if spec.mask:
+        feeds[spec.mask] = np.ones((1, count), np.int64)
+    if spec.positions:
+        feeds[spec.positions] = np.arange(count, dtype=np.int64)[None]
+    empty = np.zeros((1, spec.heads, 0, spec.head_dim), dtype=spec.cache_dtype)
+    for pair in spec.past:
+        feeds.update(dict.fromkeys(pair, empty))
+    outputs = run(feeds)
+    return outputs[spec.logits][0, -1], present_cache(spec, outputs)

@@ -13,7 +13,8 @@ from compiler.errors import BadRequestError
 from compiler.models.decoder import recognize_decoder
 from compiler.models.model import load_model
 from compiler.running.engines import OrtEngine
-from server.runtime.generation.generator import DONE, TOKEN, Generator
+from server.runtime.generation.batch import GroupedBatches
+from server.runtime.generation.generator import DONE, TOKEN, Generator, prefill
 from server.runtime.generation.kv_blocks import CacheFullError, KvBlocks
 from server.runtime.generation.sampling import SamplingParameters
 from server.runtime.memory.memory_guard import MemoryGuard
@@ -111,6 +112,27 @@ def test_sequences_of_different_lengths_decode_as_one_batch(spec, engine):
         assert generator.blocks.used == 0 and generator.describe()["cache_bytes_held"] == 0
     finally:
         generator.close()
+
+
+def test_sequences_of_far_apart_lengths_are_batched_apart_and_the_cache_holds_their_positions(spec, engine):
+    """A 60-position cache beside 1- and 3-position ones: one padded batch would hold 3 x 60 positions for 64
+    live ones. The short two share a batch and the long one has its own: the cache holds its positions and at
+    most a fifth more (and a block a row), and every row still answers as its own loop does."""
+    caches, groups = {}, GroupedBatches(spec, block_positions=2)
+    for name, prompt in (("long", list(range(1, 61))), ("short", [5]), ("shorter", [6, 7, 8])):
+        logits, cache = prefill(spec, engine.run, prompt)
+        caches[name] = (prompt, int(np.argmax(logits)))
+        groups.join(name, cache)
+    assert [group.sequences for group in groups.groups] == [["long"], ["short", "shorter"]]
+    live = 60 + 1 + 3
+    assert groups.padded_bytes() <= (1.2 * live + 2 * 3) * spec.cache_bytes_per_position()
+    rows = groups.step(engine.run, [caches[name][1] for name in groups.sequences])
+    for name, logits in zip(groups.sequences, rows, strict=True):
+        prompt, first = caches[name]
+        assert int(np.argmax(logits)) == uncached_greedy(engine, spec, prompt, 2)[1], name
+        assert first == uncached_greedy(engine, spec, prompt, 1)[0]
+    groups.leave(["long"])
+    assert [group.sequences for group in groups.groups] == [["short", "shorter"]]
 
 
 def test_a_decoder_without_a_mask_decodes_each_sequence_by_itself():
