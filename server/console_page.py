@@ -88,6 +88,14 @@ output{white-space:pre-wrap;font:12px monospace;grid-column:1/3;max-height:9em;o
       esc(b.compile_seconds == null ? '' : b.compile_seconds.toFixed(1)) + '</td><td>' + tuning + '</td><td>' +
       explain + '</td></tr>';
   }
+  function generation(g) {
+    if (!g) { return ''; }
+    var d = g.decoder, blocks = g.cache_blocks;
+    return '<br><span class="generation">generation: a decoder of ' + esc(d.layers) + ' layers, ' + esc(d.heads) +
+      ' heads, ' + esc(d.max_positions == null ? 'unbounded' : d.max_positions) + ' positions' +
+      (g.tokenizer ? ', with its tokenizer' : '') + '; sequences running ' + esc(g.running) + ', waiting ' +
+      esc(g.waiting) + (blocks ? '; cache blocks ' + esc(blocks.used) + ' of ' + esc(blocks.total) : '') + '</span>';
+  }
   function modelSection(model) {
     var sig = (model.signature.inputs || []).map(function (i) {
       return esc(i.name) + ' ' + esc(i.dtype) + ' [' + esc(i.dims.join(', ')) + ']';
@@ -99,7 +107,7 @@ output{white-space:pre-wrap;font:12px monospace;grid-column:1/3;max-height:9em;o
       esc(model.version) + '</h3><p class="meta">inputs ' + sig + '<br>' + axes(model) +
       '<br>dynamic batching ' + esc(batching) + '; compiled buckets ' + esc(admission.compiled_buckets) +
       ' of ' + esc(admission.max_compiled_buckets) + (admission.storm ? '; <strong>compile storm</strong>' : '') +
-      '</p><table><thead><tr><th scope="col">bucket</th><th scope="col">state</th><th scope="col">reason</th>' +
+      generation(model.generation) + '</p><table><thead><tr><th scope="col">bucket</th><th scope="col">state</th><th scope="col">reason</th>' +
       '<th scope="col">engine</th><th scope="col">latency ms</th><th scope="col">hits</th>' +
       '<th scope="col">traffic</th><th scope="col">padded error</th><th scope="col">compile s</th>' +
       '<th scope="col">tuning</th><th scope="col">explain</th></tr></thead><tbody>' +

@@ -103,6 +103,15 @@ def test_the_console_shows_a_bucket_compile_to_ready_without_a_reload(browser, t
         page.wait_for_function("document.getElementById('predict-result').textContent.startsWith('200')")
         assert '"outputs"' in page.inner_text("#predict-result")
 
+        # A decoder with its key/value cache: its generation state on its section.
+        decoder = synthetic.kv_cache_decoder_model()
+        httpx.put(process.url + "/models/gpt", content=decoder, timeout=60).raise_for_status()
+        httpx.post(process.url + "/v2/models/gpt/generate", json={"input_ids": [1, 2], "parameters": {"max_tokens": 3}},
+                   timeout=60).raise_for_status()  # fmt: skip
+        line = page.locator("section[data-model='gpt'] .generation")
+        line.wait_for(timeout=30_000)
+        assert "a decoder of 2 layers, 4 heads, 64 positions; sequences running 0, waiting 0" in line.inner_text()
+
         # Every control labelled and reachable from the keyboard.
         unlabelled = page.evaluate(
             "Array.from(document.querySelectorAll('input, select, textarea'))"
