@@ -46,8 +46,8 @@ async def _events(sequence: Sequence, request: Request):
 
 
 async def _started(request: Request, name: str, body: GenerateRequest) -> tuple[Sequence, Text | None, str]:
-    """The request's sequence and the model's tokenizer, submitted from a worker thread: a model's first one
-    opens its session."""
+    """The request's sequence and the model's tokenizer, submitted from a worker thread: it takes locks, asks
+    memory admission, and a model's first one starts its loop."""
     service = service_of(request)
     sequence, text = await run_in_threadpool(service.generate, name, body.input_ids, body.text_input, body.parameters)
     return sequence, text, str(service.get(name).record.version)
