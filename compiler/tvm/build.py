@@ -11,6 +11,7 @@ timed (``compile_stages`` in the manifest).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -126,9 +127,8 @@ def compile_relax(
         use_exact_cuda_math()
     try:
         pipeline = build_pipeline(target, database, stage_seconds, observed, symbolic_bounds, snapshot=snapshot)
-        if not cuda_graph:
-            return tvm.compile(mod, target, relax_pipeline=pipeline)
-        with tvm.transform.PassContext(config={CUDA_GRAPH_OPTION: True}):
+        graphs = tvm.transform.PassContext(config={CUDA_GRAPH_OPTION: True}) if cuda_graph else nullcontext()
+        with graphs:
             return tvm.compile(mod, target, relax_pipeline=pipeline)
     except Exception as exc:  # noqa: BLE001
         raise CompileError(f"TVM build failed: {type(exc).__name__}: {_last_line(exc)}") from None

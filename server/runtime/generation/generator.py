@@ -146,18 +146,19 @@ class Generator:
         """A checked sequence with its cache blocks reserved, waiting to join the batch; 503 where the cache or
         the waiting queue is full."""
         self.check(prompt, parameters)
+        positions = len(prompt) + parameters.max_tokens
+        try:  # the blocks it may fill must fit in the server's memory beside what it holds (outside the lock)
+            self._check_room(
+                "a sequence's key/value cache", self.blocks.blocks_for(positions) * self.blocks.block_bytes
+            )
+        except InsufficientMemoryError as exc:
+            raise CacheFullError(str(exc)) from None
         with self._wake:
             if self._closed:
                 raise UnavailableError(f"model {self.model!r} is no longer served")
             if len(self._waiting) >= self.max_waiting:
                 raise UnavailableError(f"{len(self._waiting)} sequences already wait to join the batch; retry later")
-            reserved = self.blocks.reserve(len(prompt) + parameters.max_tokens)
-            try:  # the blocks it may fill must fit in the server's memory beside what it holds
-                self._check_room("a sequence's key/value cache", reserved * self.blocks.block_bytes)
-            except InsufficientMemoryError as exc:
-                self.blocks.release(reserved)
-                raise CacheFullError(str(exc)) from None
-            sequence = Sequence(prompt, parameters, reserved)
+            sequence = Sequence(prompt, parameters, self.blocks.reserve(positions))
             self._waiting.append(sequence)
             self._publish()
             self._wake.notify()
@@ -218,7 +219,7 @@ class Generator:
             if sequence.cancelled.is_set():
                 self._end(sequence, "cancelled")
                 continue
-            logits, cache = prefill(self.spec, self._run, sequence.prompt)
+            logits, cache = prefill(self.spec, self.engine.run, sequence.prompt)
             now = time.perf_counter()
             self.metrics.record_first_token(model=self.model, seconds=now - sequence.arrived)
             if self._emit(sequence, logits, now):
@@ -229,7 +230,7 @@ class Generator:
         running.leave(cancelled)
         if running.sequences:
             group = list(running.sequences)
-            rows = running.step(self._run, [s.tokens[-1] for s in group])
+            rows = running.step(self.engine.run, [s.tokens[-1] for s in group])
             now = time.perf_counter()
             batch = len(group) if self.spec.batches_by_mask else 1
             self.metrics.record_step(model=self.model, batch=batch, gaps=[now - s.last_token_at for s in group])
@@ -257,11 +258,6 @@ class Generator:
         self.blocks.release(sequence.blocks)
         self.metrics.record_end(model=self.model, finish_reason=sequence.finish_reason)
         sequence.events.put((ERROR, detail) if reason == ERROR else (DONE, reason))
-
-    # -- calls -----------------------------------------------------------------
-
-    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.engine.run(feeds)
 
 
 def prefill(spec: DecoderSpec, run, prompt: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
