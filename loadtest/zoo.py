@@ -152,12 +152,23 @@ def export(name: str) -> Path:
 def _export_convnet(name: str, partial: Path) -> None:
     import torch
 
+    model, shape = torch_module(name)
+    _export_torchscript(torch, model, shape, partial)
+
+
+def torch_module(name: str):
+    """The torch module a torchvision model of the zoo (a convnet or ViT-B/16) is exported from, the same
+    weights every time, and its input's shape at batch 1: the peer a GPU bench runs beside the export."""
+    import torch
+
+    if name == "vit_b_16":
+        return _torchvision_model("vit_b_16", {}), TRANSFORMERS[name][1]["x"]
     builder, kwargs, shape = ARCHITECTURES[name]
     model = _torchvision_model(builder, kwargs)
     calibrate(torch, model, shape)
     if builder.startswith("segmentation."):
         model = _first_output(torch, model)
-    _export_torchscript(torch, model, shape, partial)
+    return model, shape
 
 
 def _torchvision_model(builder: str, kwargs: dict):
@@ -189,7 +200,7 @@ def _export_torchscript(
 def _export_vit(partial: Path) -> None:
     import torch
 
-    _export_torchscript(torch, _torchvision_model("vit_b_16", {}), TRANSFORMERS["vit_b_16"][1]["x"], partial)
+    _export_torchscript(torch, *torch_module("vit_b_16"), partial)
 
 
 def _export_gpt2(partial: Path) -> None:
