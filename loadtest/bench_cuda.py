@@ -55,7 +55,9 @@ class TorchEngine:
         return {"y": answer.float().cpu().numpy()}
 
 
-def _compile_all(models: dict, batches: list[int], tiers: list[str], store, *, workers: int, log) -> dict:
+def _compile_all(models: dict, batches: list[int], tiers: list[str], store, *, pool, log) -> dict:
+    """Every (model, batch, tier)'s compile submitted to ``pool``: its future, which answers the outcome or
+    None where it failed to build."""
     from compiler.building.build import compile_bucket
     from compiler.building.options import CompileOptions, CompileSettings
     from compiler.building.target import resolve_target
@@ -65,8 +67,7 @@ def _compile_all(models: dict, batches: list[int], tiers: list[str], store, *, w
     target = resolve_target("cuda", cuda_arch="sm_90")
     f16_budget = AccuracyBudget(cosine=0.999, top_k=5)
 
-    def build(job):
-        name, batch, tier = job
+    def build(name: str, batch: int, tier: str):
         extra = dict(TIERS[tier])
         if extra.get("precision") == "f16":
             extra["budget"] = f16_budget
@@ -79,15 +80,18 @@ def _compile_all(models: dict, batches: list[int], tiers: list[str], store, *, w
             outcome = compile_bucket(models[name], {"x": (batch, 3, 224, 224)}, target, store, options)
         except Exception as exc:  # noqa: BLE001 - one tier that fails to build is reported, the rest go on
             log(f"{name} b{batch} {tier}: failed: {exc}")
-            return job, None
+            return None
         manifest = outcome.manifest
         log(f"{name} b{batch} {tier}: {time.perf_counter() - started:.0f}s verified={manifest.verified} "
             f"{manifest.verification}")  # fmt: skip
-        return job, outcome
+        return outcome
 
-    jobs = [(name, batch, tier) for name in models for batch in batches for tier in tiers]
-    with ThreadPoolExecutor(workers) as pool:
-        return dict(pool.map(build, jobs))
+    return {
+        (name, batch, tier): pool.submit(build, name, batch, tier)
+        for name in models
+        for batch in batches
+        for tier in tiers
+    }
 
 
 def main() -> int:
@@ -126,18 +130,23 @@ def main() -> int:
         models[name] = load_model_file(str(path), max_bytes=2 << 30)
     store = KernelStore(args.store)
     started = time.perf_counter()
-    outcomes = _compile_all(models, args.batches, args.tiers, store, workers=args.workers, log=log)
-    log(f"compiled {len(outcomes)} buckets in {time.perf_counter() - started:.0f}s")
-    while args.time_after and not Path(args.time_after).exists():
-        time.sleep(1)
-
+    pool = ThreadPoolExecutor(args.workers)
+    compiles = _compile_all(models, args.batches, args.tiers, store, pool=pool, log=log)
     for name in args.models:
+        # A model is timed once its own compiles are done: the later models' may still run on the CPUs.
+        outcomes = {job: future.result() for job, future in compiles.items() if job[0] == name}
+        while args.time_after and not Path(args.time_after).exists():
+            time.sleep(1)
         module, _ = zoo.torch_module(name)
         peers = {"torch": TorchEngine(module), "torch_f16_autocast": TorchEngine(module, autocast=True)}
         for batch in args.batches:
             inputs = random_inputs({"x": (batch, 3, 224, 224)}, {"x": "float32"}, 7)
             engines = dict(peers)
-            facts: dict = {"model": name, "batch": batch}
+            facts: dict = {
+                "model": name,
+                "batch": batch,
+                "compiles_running": sum(not f.done() for f in compiles.values()),
+            }
             for tier in args.tiers:
                 outcome = outcomes.get((name, batch, tier))
                 if outcome is None or not outcome.manifest.verified:
@@ -161,6 +170,7 @@ def main() -> int:
             if args.out:
                 with open(args.out, "a") as out:
                     out.write(json.dumps(line) + "\n")
+    pool.shutdown()
     log(f"median of {args.runs} calls each; {time.perf_counter() - started:.0f}s in all")
     return 0
 
