@@ -12,8 +12,8 @@ random token ids (seed 0; stream 0's prompt is the batch-1 prompt) and generates
 
 - jitserve: ``server.runtime.generation.generator.Generator`` over the model's ONNX Runtime engine as the
   server builds it, at 1 stream and at ``--streams`` concurrent streams (decoded as one batch each step);
-- ONNX Runtime: a plain greedy loop at batch 1 over the same session, each step's ``present`` fed back as
-  ``past`` by hand;
+- ONNX Runtime: a plain greedy loop at batch 1 over the same session (the server's, built with its settings:
+  ``generate_ort_threads``, spinning while a call lasts), each step's ``present`` fed back as ``past`` by hand;
 - ONNX Runtime GenAI: its greedy search at batch 1 and over the ``--streams`` prompts as one batch, run by
   ``--genai-python`` (GenAI lives in an environment of its own) over ``--genai-model``, a folder with a
   ``genai_config.json`` beside the model. GenAI's model builder makes no GPT-2, so where the folder has no
@@ -135,12 +135,14 @@ def write_genai_folder(folder: Path, model: Path, spec) -> bool:
     """GenAI's model folder for ``model``: a ``genai_config.json`` naming the decoder's inputs and outputs,
     written where the folder has none, and the model linked in. Whether it wrote one."""
     config = folder / "genai_config.json"
-    if config.is_file():
-        return False
     folder.mkdir(parents=True, exist_ok=True)
     link = folder / model.name
+    if link.is_symlink() and link.resolve() != model.resolve():  # left by an older zoo's export
+        link.unlink()
     if not link.exists():
         link.symlink_to(os.path.relpath(model.resolve(), folder.resolve()))
+    if config.is_file():
+        return False
 
     def per_layer(name: str) -> str:  # past_key_values.0.key -> past_key_values.%d.key
         return name.replace(".0.", ".%d.", 1)
@@ -265,10 +267,11 @@ def main() -> int:
 
     from compiler.models.decoder import recognize_decoder
     from compiler.models.model import load_model_file
-    from compiler.running.engines import OrtEngine
     from server.runtime.generation.generator import Generator
     from server.runtime.generation.kv_blocks import KvBlocks
+    from server.runtime.models.model_checks import open_onnxruntime
     from server.runtime.observability.metrics import Metrics
+    from server.settings import Settings
 
     if not args.model.is_file():
         raise SystemExit(f"{args.model} is missing: `.cache/zoo-venv/bin/python loadtest/zoo.py --only gpt2_kv`")
@@ -276,15 +279,16 @@ def main() -> int:
     spec = recognize_decoder(loaded.signature, loaded.index_bounds)
     if spec is None:
         raise SystemExit(f"{args.model} is no decoder with a key/value cache")
-    del loaded
     print(cpu_line(), flush=True)
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(0, spec.vocab, (args.streams, args.prompt)).tolist()
 
-    # As the server builds them (server/runtime/generation/generation.py): the model's ONNX Runtime engine, the
-    # cache sized for every stream.
-    engine = OrtEngine(args.model.read_bytes())
+    # As the server builds them (server/runtime/generation/generation.py): the model's ONNX Runtime engine with
+    # the server's settings (a decoder's threads and spinning), the cache sized for every stream.
+    engine = open_onnxruntime(Settings(), loaded, {"kind": "llvm"})
+    del loaded
     session = engine.session
+    threads = session.get_session_options().intra_op_num_threads or "its default"
     blocks = KvBlocks(args.streams * -(-(args.prompt + args.new) // 16), 16, spec.cache_bytes_per_position())
     generator = Generator("bench", spec, engine, blocks, Metrics().generation, max_batch=args.streams,
                           max_waiting=args.streams, max_tokens=args.new)  # fmt: skip
@@ -324,7 +328,7 @@ def main() -> int:
     genai = {row.streams: row.figures()["tokens/s"] for row in rows if row.engine == "ONNX Runtime GenAI"}
     print(f"{args.model.name}: {spec.layers} layers, {spec.heads} heads; {args.prompt}-token random prompts, "
           f"{args.new} greedy tokens each; median of {args.runs} runs after a warm-up; onnxruntime "
-          f"{ort.__version__} (its default threads); {genai_note}\n")  # fmt: skip
+          f"{ort.__version__} ({threads} intra-op threads, as the server runs a decoder); {genai_note}\n")  # fmt: skip
     print("| engine | streams | tokens/s | / GenAI | first token ms | gap p50 ms | gap p99 ms | tokens = ORT loop's |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:

@@ -24,14 +24,21 @@ class Engine(Protocol):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
-def ort_session_options(*, threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
+SPIN_WITHIN_RUNS = "within_runs"
+"""``spinning`` that keeps a run's threads spinning between its parallel sections and stops them as it ends."""
+
+
+def ort_session_options(*, threads: int | None = None, spinning: bool | str = True) -> ort.SessionOptions:
     """ONNX Runtime's session options with ``threads`` intra-op threads (its default where none) that spin
-    between runs only where ``spinning``."""
+    between runs where ``spinning`` is True, never where False, and only while a run lasts where it is
+    :data:`SPIN_WITHIN_RUNS`."""
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    if not spinning:
+    if spinning is False:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif spinning == SPIN_WITHIN_RUNS:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
 
@@ -41,7 +48,7 @@ class OrtEngine:
     name = "onnxruntime"
 
     def __init__(
-        self, model_bytes: bytes, *, cuda: bool = False, threads: int | None = None, spinning: bool = True
+        self, model_bytes: bytes, *, cuda: bool = False, threads: int | None = None, spinning: bool | str = True
     ) -> None:
         options = ort_session_options(threads=threads, spinning=spinning)
         providers = ["CPUExecutionProvider"]

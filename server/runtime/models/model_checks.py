@@ -11,9 +11,10 @@ from pydantic import ValidationError
 from compiler.building.options import CompileOptions
 from compiler.building.target import resolve_target
 from compiler.errors import BadRequestError, InvalidModelError
+from compiler.models.decoder import recognize_decoder
 from compiler.models.memory import check_model_fits, check_sizes_fit
 from compiler.models.model import LoadedModel
-from compiler.running.engines import OrtEngine
+from compiler.running.engines import SPIN_WITHIN_RUNS, OrtEngine
 from compiler.running.precision import budget_for
 from compiler.shapes.buckets import AxisPolicy, AxisSafety, Bucket, BucketPlanner, bucket_label
 
@@ -30,14 +31,16 @@ def model_target(settings: Settings, config: ModelConfig, kernel_threads: int) -
 
 
 def open_onnxruntime(settings: Settings, model: LoadedModel, target: dict) -> OrtEngine:
-    """The model's ONNX Runtime session (its CUDA provider for a CUDA target)."""
+    """The model's ONNX Runtime session (its CUDA provider for a CUDA target). A decoder's is its generation
+    loop's, called step after step by one thread: it gets ``generate_ort_threads``, spinning while a call
+    lasts."""
+    decoder = recognize_decoder(model.signature, model.index_bounds) is not None
+    if decoder:
+        threads, spinning = settings.generate_ort_threads or settings.kernel_threads, SPIN_WITHIN_RUNS
+    else:
+        threads, spinning = settings.ort_threads or settings.kernel_threads, settings.ort_spinning
     try:
-        return OrtEngine(
-            model.data,
-            cuda=target["kind"] == "cuda",
-            threads=settings.ort_threads or settings.kernel_threads or None,
-            spinning=settings.ort_spinning,
-        )
+        return OrtEngine(model.data, cuda=target["kind"] == "cuda", threads=threads or None, spinning=spinning)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         raise InvalidModelError(f"onnxruntime cannot load the model: {exc}") from None
 

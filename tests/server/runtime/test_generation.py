@@ -237,3 +237,29 @@ def test_sampling_is_repeatable_by_seed_and_stops_at_a_stop_token(spec, engine):
         assert reason == "stop" and tokens == greedy[: greedy.index(stop) + 1]
     finally:
         generator.close()
+
+
+def test_a_decoders_session_gets_the_generation_threads_spinning_only_within_a_call():
+    """The generation loop calls a decoder's session step after step from one thread: it gets
+    ``generate_ort_threads`` spinning while a call lasts (force_spinning_stop), where another model's session
+    keeps ``ort_threads`` without spinning."""
+    from server.runtime.models.model_checks import open_onnxruntime
+    from server.settings import Settings
+
+    settings = Settings(ort_threads=1, generate_ort_threads=2, ort_spinning=False)
+    decoder = open_onnxruntime(settings, load_model(kv_cache_decoder_model(), max_bytes=1 << 30), {"kind": "llvm"})
+    encoder = open_onnxruntime(settings, load_model(bert_encoder_model(), max_bytes=1 << 30), {"kind": "llvm"})
+    decoder_options, encoder_options = decoder.session.get_session_options(), encoder.session.get_session_options()
+
+    def entry(options, key: str) -> str | None:
+        try:
+            return options.get_session_config_entry(key)
+        except RuntimeError:  # not set: ONNX Runtime's default
+            return None
+
+    assert decoder_options.intra_op_num_threads == 2
+    assert entry(decoder_options, "session.force_spinning_stop") == "1"
+    assert entry(decoder_options, "session.intra_op.allow_spinning") in (None, "1")
+    assert encoder_options.intra_op_num_threads == 1
+    assert entry(encoder_options, "session.intra_op.allow_spinning") == "0"
+    assert entry(encoder_options, "session.force_spinning_stop") is None
