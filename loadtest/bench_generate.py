@@ -288,7 +288,7 @@ def main() -> int:
     engine = open_onnxruntime(Settings(), loaded, {"kind": "llvm"})
     del loaded
     session = engine.session
-    threads = session.get_session_options().intra_op_num_threads or "its default"
+    threads = session.get_session_options().intra_op_num_threads or "default"
     blocks = KvBlocks(args.streams * -(-(args.prompt + args.new) // 16), 16, spec.cache_bytes_per_position())
     generator = Generator("bench", spec, engine, blocks, Metrics().generation, max_batch=args.streams,
                           max_waiting=args.streams, max_tokens=args.new)  # fmt: skip
