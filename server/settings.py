@@ -168,7 +168,13 @@ class Settings(GenerationSettings):
     differently (all-3e38 inputs gave NaN from ONNX Runtime and finite numbers from a kernel)."""
 
     inference_threads: int = Field(2, ge=1)
-    """Threads running inference (ONNX Runtime or TVM) off the event loop."""
+    """Threads running inference (ONNX Runtime or TVM) off the event loop. Models share them by weighted fair
+    queueing (each model's ``weight`` in its config): a model under a storm keeps another's requests waiting
+    for at most one of its runs per thread."""
+
+    inference_threads_per_model: int = Field(0, ge=0)
+    """Most inference threads one model's runs hold at once (0: all of them): a cap keeps threads free for
+    other models while one model's runs are slow, at the cost of that model's throughput when it runs alone."""
 
     cold_lane: bool = True
     """Run requests to new shapes (buckets that have not earned a compile yet) on threads of their own in

@@ -79,6 +79,7 @@ def build_runtime(
         metrics,
         threads=settings.inference_threads,
         queue_size=settings.inference_queue_size,
+        threads_per_model=settings.inference_threads_per_model,
         inline_max_ms=settings.inline_max_ms,
         admission=compile_admission,
         cold_lane=settings.cold_lane,
@@ -178,5 +179,5 @@ def start_batcher(
         inference.execute_batch,
         metrics,
         instances=settings.inference_threads,
-        executor=inference.pool,
+        executor=inference.pool.lane(served.name),
     )

@@ -91,6 +91,11 @@ class ModelConfig(BaseModel):
         description="reduced precisions that may serve the model, and the accuracy budget they keep against "
         "fp32 onnxruntime (absent: only fp32-exact engines serve)",
     )
+    weight: float = Field(
+        1.0, gt=0, le=1000, allow_inf_nan=False,
+        description="the model's share of the inference threads while models compete for them (weighted fair "
+        "queueing: a model of weight 2 starts two runs for each of a weight-1 model's)",
+    )  # fmt: skip
 
     def policy_for(self, axis: str) -> AxisPolicy:
         return self.axes.get(axis, self.default_axis_policy)

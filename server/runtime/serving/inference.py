@@ -35,6 +35,7 @@ from ..memory.kernel_cache import Kernels
 from ..models.registry import Registry, ServedModel
 from ..models.state import BucketState, ServedBucket
 from ..observability.metrics import Metrics
+from .fair_pool import SHARED, FairPool
 from .inputs import parse_inputs
 from .priority import idle_thread_priority
 
@@ -119,6 +120,7 @@ class Inference:
         threads: int,
         queue_size: int,
         inline_max_ms: float,
+        threads_per_model: int = 0,
         admission: CompileAdmission,
         cold_lane: bool = False,
         kernel_input_max_abs: float = 1e6,
@@ -135,13 +137,21 @@ class Inference:
         self.metrics = metrics
         self.inline_max_ms = inline_max_ms
         self.admission = admission
-        self.pool = concurrent.futures.ThreadPoolExecutor(threads, "jitserve-infer")
+        self.pool = FairPool(
+            threads, "jitserve-infer", max_threads_per_model=threads_per_model, weight_of=self._weight,
+            on_start=metrics.serving.record_queue_wait,
+        )  # fmt: skip
         self.cold_pool = (
             concurrent.futures.ThreadPoolExecutor(threads, "jitserve-cold", initializer=idle_thread_priority)
             if cold_lane
             else None
         )
         self._slots = threading.BoundedSemaphore(threads + queue_size)
+
+    def _weight(self, model: str) -> float:
+        """A model's share of the inference threads (its config's ``weight``; 1 once it is no longer served)."""
+        served = self.registry.find(model)
+        return served.record.config.weight if served is not None else 1.0
 
     def close(self) -> None:
         for pool in (self.pool, self.cold_pool):
@@ -160,8 +170,10 @@ class Inference:
         """``function(*args)`` on the inference threads (or ``pool``); 503 (counted for ``model``) when the
         bounded queue is full."""
         self._take_slot(model)
+        pool = pool or self.pool
+        call = (contextvars.copy_context().run, function, *args)
         try:
-            future = (pool or self.pool).submit(contextvars.copy_context().run, function, *args)
+            future = pool.submit_as(model or SHARED, *call) if isinstance(pool, FairPool) else pool.submit(*call)
         except RuntimeError:
             self._slots.release()
             raise UnavailableError("server is shutting down") from None

@@ -1,5 +1,5 @@
-"""Requests: predictions and gRPC calls (by model, engine, status, protocol), their latency, the cold
-lane, padding waste and dynamic batches."""
+"""Requests: predictions and gRPC calls (by model, engine, status, protocol), their latency, their wait for
+an inference thread, the cold lane, padding waste and dynamic batches."""
 
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ class RequestMetrics:
             ["model"],
             buckets=QUEUE_DELAY_BUCKETS,
         )
+        self.inference_queue_wait = histogram(
+            "jitserve_inference_queue_seconds",
+            "Time a model's run waited for an inference thread (its lane of the fair queue; 'shared': work of no "
+            "one model).",
+            ["model"],
+            buckets=QUEUE_DELAY_BUCKETS,
+        )
+        self._queue_children: dict[str, Histogram] = {}
         self._request_children: dict[tuple[str, str, int, str], tuple[Counter, Histogram]] = {}
         self.requests = counter(
             "jitserve_requests_total",
@@ -89,6 +97,12 @@ class RequestMetrics:
             self.dynamic_requests.labels(model, engine).inc()
         if seconds is not None:
             children[1].observe(seconds)
+
+    def record_queue_wait(self, model: str, seconds: float) -> None:
+        child = self._queue_children.get(model)
+        if child is None:
+            child = self._queue_children[model] = self.inference_queue_wait.labels(model)
+        child.observe(seconds)
 
     def record_grpc_call(self, *, method: str, code: str) -> None:
         self.grpc_calls.labels(method, code).inc()
