@@ -6,8 +6,10 @@ requests ahead of every request to another model, whose latency then grows with 
 queues apart. A free thread takes the next request of the model with the least service so far, each run
 counting ``1 / weight`` (start-time fair queueing: a model that was idle starts level with the busiest, not
 with the credit of its idle time), so a quiet model's request waits for at most one run of each busy model
-per thread, whatever their queues hold. A model also holds at most ``max_threads_per_model`` threads at once,
-so one model's slow runs cannot occupy them all.
+per thread, whatever their queues hold. But one run of a slow model can take hundreds of milliseconds, so
+while more than one model has been asked within :data:`SHARING_SECONDS`, no model holds every thread: one
+is kept for the others (a model alone still gets them all). A model also holds at most
+``max_threads_per_model`` threads at once, if that is set.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
+
+SHARING_SECONDS = 1.0
+"""Models asked within this many seconds of each other share the threads: none holds the last free one."""
 
 SHARED = "shared"
 """The lane of work submitted without a model (``Executor.submit``)."""
@@ -52,7 +57,10 @@ class FairPool(concurrent.futures.Executor):
     ) -> None:
         """``max_threads_per_model``: 0 for no cap; ``weight_of(key)``: a model's share (read as its run
         starts); ``on_start(key, seconds)``: a run starts after queueing ``seconds``."""
+        self.threads = threads
         self.cap = max_threads_per_model or threads
+        self._asked: dict[Hashable, float] = {}
+        """When each model last submitted work (within :data:`SHARING_SECONDS`)."""
         self._weight_of = weight_of
         self._on_start = on_start
         self._initializer = initializer
@@ -72,6 +80,7 @@ class FairPool(concurrent.futures.Executor):
         with self._ready:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
+            self._asked[key] = time.monotonic()
             lane = self._lanes.get(key)
             if lane is None:  # back from idle: level with the least served busy lane, no credit for the idle time
                 busy = [other.service for other in self._lanes.values()]
@@ -106,8 +115,9 @@ class FairPool(concurrent.futures.Executor):
         """The next run: the least served lane with work and a thread to spare; None when shut down and drained."""
         with self._ready:
             while True:
+                cap = self._cap()
                 eligible = [(lane.service, key) for key, lane in self._lanes.items()
-                            if lane.tasks and lane.running < self.cap]  # fmt: skip
+                            if lane.tasks and lane.running < cap]  # fmt: skip
                 if eligible:
                     _, key = min(eligible, key=lambda item: item[0])
                     lane = self._lanes[key]
@@ -117,7 +127,17 @@ class FairPool(concurrent.futures.Executor):
                     return key, lane, task
                 if self._shutdown and not any(lane.tasks for lane in self._lanes.values()):
                     return None
-                self._ready.wait()
+                self._ready.wait(SHARING_SECONDS)  # a cap lifts as the other models go quiet
+
+    def _cap(self) -> int:
+        """The threads one model may hold now: all but one while others were asked lately (the shared lane's
+        short work of no one model does not count)."""
+        now = time.monotonic()
+        for key, asked in list(self._asked.items()):
+            if now - asked > SHARING_SECONDS:
+                del self._asked[key]
+        models = sum(key != SHARED for key in self._asked)
+        return min(self.cap, self.threads - 1) if models > 1 and self.threads > 1 else self.cap
 
     def _weight(self, key: Hashable) -> float:
         try:

@@ -69,7 +69,7 @@ class RequestPath:
                 raise
             del body
             prediction = await self.inference.run(job)
-            encoded = await self.off_loop(prediction.nbytes, codec.encode, prediction, context)
+            encoded = await self.off_loop(prediction.nbytes, codec.encode, prediction, context, model=codec.model)
         return encoded, prediction
 
     def _prepare(self, codec: Codec, body: Any) -> tuple[Job, Any]:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from server.runtime.serving.fair_pool import SHARED, FairPool
+from server.runtime.serving.fair_pool import SHARED, SHARING_SECONDS, FairPool
 
 
 class Gate:
@@ -85,6 +85,26 @@ def test_a_models_cap_leaves_threads_to_the_others():
     for future in storm:
         future.result(10)
     assert gate.most_running["storm"] == 1
+    pool.shutdown()
+
+
+def test_a_model_alone_holds_every_thread_and_beside_another_all_but_one():
+    pool = FairPool(2, "test")
+    gate = Gate()
+    alone = [pool.submit_as("storm", gate.run, "storm", "storm") for _ in range(2)]
+    wait_until(lambda: gate.most_running.get("storm") == 2)  # alone: both threads
+    gate.release.set()
+    for future in alone:
+        future.result(10)
+    assert pool.submit_as("quiet", lambda: "quiet").result(10) == "quiet"  # another model asked lately
+    gate = Gate()
+    storm = [pool.submit_as("storm", gate.run, "storm", "storm") for _ in range(4)]
+    time.sleep(0.2)
+    assert gate.most_running["storm"] == 1  # the other thread is kept free for the quiet model
+    wait_until(lambda: gate.most_running["storm"] == 2, timeout=SHARING_SECONDS + 3)  # quiet long enough: lifted
+    gate.release.set()
+    for future in storm:
+        future.result(10)
     pool.shutdown()
 
 
