@@ -110,12 +110,21 @@ class PaddingProbeDescription(BaseModel):
     error: str | None = Field(description="why the probe failed")
 
 
+class BatchingGroup(BaseModel):
+    bucket: str = Field(description="the group's batch-1 bucket (requests alike on every axis but the batch's)")
+    batches: bool = Field(description="whether its requests go through the batcher")
+    reason: str = Field(description="why: a batched row's measured run against a lone request's")
+
+
 class BatchingDescription(BaseModel):
     enabled: bool = Field(description="whether concurrent requests are joined into one run")
     reason: str = Field(description="the batch axis it joins along, or why batching is off")
     max_batch_size: int
     max_queue_delay_us: int
     preferred_batch_sizes: list[int] | None
+    groups: list[BatchingGroup] = Field(
+        default_factory=list, description="per group of requests seen, whether batching pays (rows get cheaper)"
+    )
 
 
 class CompileAdmissionDescription(BaseModel):

@@ -45,6 +45,7 @@ def test_joined_requests_run_once_on_the_kernel_and_equal_separate_runs(tmp_path
                 "max_batch_size": 8,
                 "max_queue_delay_us": PATIENT,
                 "preferred_batch_sizes": [8],
+                "groups": [],
             }
             wait_ready(client, "relu", "x=8x8")
             rng = np.random.default_rng(3)

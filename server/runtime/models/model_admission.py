@@ -25,6 +25,7 @@ from ..compiling.compile_admission import WAITING_FOR_VERDICTS
 from ..compiling.scheduler import CompileScheduler
 from ..memory.memory_guard import MemoryGuard
 from ..observability.metrics import Metrics
+from ..serving.batch_verdicts import BatchVerdicts
 from ..serving.batcher import DynamicBatcher, DynamicBatching, find_batch_axis
 from .model_checks import (
     assumed_padding_safe,
@@ -273,6 +274,7 @@ class ModelAdmission:
             if not served.retired:
                 served.batching = why
                 served.batcher = self.start_batcher(served, config.dynamic_batching, preferred)
+                served.batch_verdicts = BatchVerdicts(served.planner, served.find_bucket, preferred)
 
     # -- the padding probe, in the background ------------------------------
 

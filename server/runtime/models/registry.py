@@ -23,6 +23,7 @@ from compiler.running.engines import OrtEngine
 from compiler.running.precision import budget_for, compare_within_budget
 from compiler.shapes.buckets import AxisSafety, Bucket, BucketPlanner, bucket_label, is_symbolic
 
+from ..serving.batch_verdicts import BatchVerdicts
 from ..serving.batcher import DynamicBatcher
 from .records import ModelRecord
 from .state import BucketState, ServedBucket
@@ -91,6 +92,8 @@ class ServedModel:
     batcher: DynamicBatcher | None = None
     batching: str | None = None
     """Why requests are or are not joined into batches (None: batching not configured)."""
+    batch_verdicts: BatchVerdicts | None = None
+    """Per group of its requests, whether batching pays (its buckets' measured runs)."""
     retired: bool = False
     new_buckets: deque[float] = field(default_factory=deque)
     """When each bucket first seen lately was seen (compile admission's storm watch)."""
@@ -210,6 +213,7 @@ class ServedModel:
             else {
                 "enabled": self.batcher is not None,
                 "reason": self.batching,
+                "groups": self.batch_verdicts.describe() if self.batch_verdicts is not None else [],
                 **(record.config.dynamic_batching.model_dump() if record.config.dynamic_batching else {}),
             },
             "buckets": [bucket.describe() for bucket in self.all_buckets()],

@@ -332,6 +332,12 @@ class ServedBucket:
             self._recent_runs.append(ms)
             self._run_floor_ms = min(self._recent_runs)
 
+    def recent_floor_ms(self, runs: int = RUNS_TO_TELL) -> float | None:
+        """The fastest of its last ``runs`` runs, in ms; None before that many."""
+        with self._lock:
+            recent = list(self._recent_runs)[-runs:]
+        return min(recent) if len(recent) >= runs else None
+
     def runs_below(self, ms: float) -> bool:
         """The fastest of its recent runs took less than ``ms`` (after enough of them to tell). Not their
         average: a run's wall time also holds the wait for Python's GIL once the engine returns, up to the

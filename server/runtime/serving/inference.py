@@ -182,8 +182,8 @@ class Inference:
 
     async def run(self, job: Job) -> Prediction:
         """Run a prepared request where it costs least (see the module's docstring)."""
-        batcher = job.served.batcher
-        if batcher is not None and job.plan is not None:
+        batcher, verdicts = job.served.batcher, job.served.batch_verdicts
+        if batcher is not None and job.plan is not None and (verdicts is None or verdicts.batches(job.group, job.plan)):
             self._take_slot(job.served.name)
             try:
                 future = batcher.submit(job, group=job.group, rows=job.rows)
