@@ -6,7 +6,8 @@ One owner thread per batching model holds the waiting requests in a private
 :class:`BatchQueue` (unit-tested without threads); requests reach it through
 an inbox. While a batch runs, new requests wait in the inbox, so under load
 the next batch is formed from them at once; under light load a request waits
-at most ``max_queue_delay_us`` for company.
+at most ``max_queue_delay_us`` for company, and not at all while requests
+arrive further apart than that (the window adapts to the load).
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class Waiting:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
+GAP_WEIGHT = 0.2
+"""Weight of the newest gap between arrivals in their running average (about the last five count)."""
+
+
 class BatchQueue:
     """The owner thread's private state: the waiting requests, grouped, and when a batch goes."""
 
@@ -93,17 +98,29 @@ class BatchQueue:
         self.max_delay_s = max_delay_s
         self.preferred = preferred
         self._groups: dict[Hashable, list[Waiting]] = {}  # in order of their oldest request
+        self.gap_s = 0.0
+        """The time between arrivals, averaged over the last few (a busy model until told otherwise)."""
+        self._last_arrival: float | None = None
+
+    @property
+    def delay_s(self) -> float:
+        """How long a request waits for company now: the configured delay while another request is due
+        within it, else none (at low load a lone request would wait for nothing)."""
+        return self.max_delay_s if self.gap_s < self.max_delay_s else 0.0
 
     def __len__(self) -> int:
         return sum(len(group) for group in self._groups.values())
 
     def add(self, waiting: Waiting) -> None:
+        if self._last_arrival is not None:
+            self.gap_s += GAP_WEIGHT * (max(0.0, waiting.arrived - self._last_arrival) - self.gap_s)
+        self._last_arrival = waiting.arrived
         self._groups.setdefault(waiting.group, []).append(waiting)
 
     def deadline(self) -> float | None:
         """When the oldest waiting request must be dispatched; None when nothing waits."""
         oldest = min((group[0].arrived for group in self._groups.values()), default=None)
-        return None if oldest is None else oldest + self.max_delay_s
+        return None if oldest is None else oldest + self.delay_s
 
     def take(self, now: float, *, flush: bool = False, instances: int = 1) -> list[Waiting] | None:
         """The next batch to run, oldest group first; None while every group may still wait.
@@ -117,7 +134,7 @@ class BatchQueue:
         for key, group in self._groups.items():
             batch, rows = self._fill(group, self.max_batch_size)
             full = len(batch) < len(group) or rows >= self.max_batch_size
-            if not (flush or full or rows in self.preferred or now >= group[0].arrived + self.max_delay_s):
+            if not (flush or full or rows in self.preferred or now >= group[0].arrived + self.delay_s):
                 continue
             if instances > 1:
                 share = -(-rows // instances)

@@ -31,10 +31,28 @@ def test_a_group_goes_at_a_preferred_size_or_when_full_or_late():
     assert q.deadline() == pytest.approx(0.01)
     q.add(waiting("b", rows=1))
     assert names(q.take(now=0.0)) == ["a", "b"]  # 4 rows: preferred
-    q.add(waiting("c", rows=3, at=1.0))
-    assert q.take(now=1.009) is None
-    assert names(q.take(now=1.01)) == ["c"]  # waited the delay
+    q.add(waiting("c", rows=3, at=0.001))  # close behind the others: company is due
+    assert q.take(now=0.0109) is None
+    assert names(q.take(now=0.011)) == ["c"]  # waited the delay
     assert len(q) == 0 and q.deadline() is None
+
+
+def test_the_window_closes_while_requests_arrive_further_apart_than_it():
+    q = BatchQueue(max_batch_size=8, max_delay_s=0.01, preferred={8})
+    for i in range(10):  # one request every 50 ms: none would find company within 10 ms
+        q.add(waiting(f"slow{i}", at=i * 0.05))
+        if i >= 3:  # once the gaps are known, a lone request goes at once
+            assert names(q.take(now=i * 0.05)) == [f"slow{i}"]
+        else:
+            q.take(now=i * 0.05 + 0.01)
+    assert q.delay_s == 0.0
+
+    q = BatchQueue(max_batch_size=8, max_delay_s=0.01, preferred={8})
+    for i in range(5):  # 1 ms apart: company is due, the window stays open
+        q.add(waiting(f"fast{i}", at=i * 0.001))
+    assert q.delay_s == 0.01
+    assert q.take(now=0.005) is None
+    assert names(q.take(now=0.01)) == [f"fast{i}" for i in range(5)]
 
 
 def test_a_batch_never_passes_the_maximum_and_keeps_arrival_order():
