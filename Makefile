@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP_CACHE_DIR ?= $(CURDIR)/.cache/pip
 export PIP_CACHE_DIR
 
-.PHONY: install run test lint bench zoo proto tune-db
+.PHONY: install run test lint bench zoo proto tune-db loadtest
 
 TUNE_TRIALS ?= 0
 
@@ -62,6 +62,11 @@ $(GENAI_VENV)/.installed:
 bench: install zoo $(GENAI_VENV)/.installed
 	$(PY) loadtest/bench_table.py --tune-trials $(TUNE_TRIALS)
 	$(PY) loadtest/bench_generate.py --genai-python $(GENAI_VENV)/bin/python
+
+# A concurrency sweep per protocol (REST JSON, V2 binary, gRPC), perf_analyzer's way: tables and plots.
+loadtest: install
+	.ci/system-packages
+	$(PY) loadtest/sweep.py
 
 tune-db: install zoo
 	$(PY) loadtest/tune_db.py
