@@ -57,7 +57,7 @@ def queue_waits(url: str) -> dict[str, float]:
     sums, counts = {}, {}
     for line in text.splitlines():
         for suffix, into in (("_sum", sums), ("_count", counts)):
-            prefix = f"jitserve_inference_queue_seconds{suffix}{{model=\""
+            prefix = f'jitserve_inference_queue_seconds{suffix}{{model="'
             if line.startswith(prefix):
                 model = line[len(prefix) :].split('"')[0]
                 into[model] = float(line.rsplit(" ", 1)[1])
