@@ -6,7 +6,8 @@ jitserve at each load, for REST JSON (``/predict``), REST V2 binary tensors and 
 
 ONNX Runtime serves every bucket (no compiles), so what differs is the request path. The REST loads are
 driven by ``wrk`` (Debian's package), gRPC by ``h2load`` (Debian's ``nghttp2-client``) over one HTTP/2
-connection, a concurrency being the calls in flight; every request is one batch-1 input. Prints one Markdown
+connection (a client's channel; ``--grpc-connections``), a concurrency being the calls in flight; every
+request is one batch-1 input. Prints one Markdown
 table per model (each protocol's req/s and p99 at each concurrency, and gRPC's req/s over V2 binary's), writes
 ``DIR/sweep.jsonl`` and plots req/s and p99 against concurrency to ``DIR/sweep-<model>.png``.
 """
@@ -62,7 +63,9 @@ def sweep(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
         drives = {
             "REST JSON": lambda c, s: run_wrk(f"{url}/predict", json_script, c, s),
             "REST V2 binary": lambda c, s: run_wrk(f"{url}/v2/models/{name}/infer", binary_script, c, s),
-            "gRPC raw": lambda c, s: run_h2load(grpc_url, body, c, connections=1, seconds=s, log=folder / "h2.log"),
+            "gRPC raw": lambda c, s: run_h2load(
+                grpc_url, body, c, connections=args.grpc_connections, seconds=s, log=folder / "h2.log"
+            ),
         }
         for concurrency in args.concurrency:
             for protocol, drive in drives.items():
@@ -127,6 +130,9 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["demo", "cls"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--duration", type=int, default=3, help="seconds of load per point")
+    parser.add_argument(
+        "--grpc-connections", type=int, default=1, help="HTTP/2 connections the gRPC calls share (a channel: 1)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "loadtest" / "results")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
