@@ -93,12 +93,6 @@ class FairPool(concurrent.futures.Executor):
         """An executor whose work runs in ``key``'s lane (a model's batches)."""
         return _LaneExecutor(self, key)
 
-    def queued(self, key: Hashable) -> int:
-        """Runs of ``key`` waiting for a thread."""
-        with self._ready:
-            lane = self._lanes.get(key)
-            return len(lane.tasks) if lane else 0
-
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._ready:
             self._shutdown = True
