@@ -40,7 +40,41 @@ class GenerationSettings(CompileSettings):
     thread without spinning (``ort_threads``' default for other models)."""
 
 
-class Settings(GenerationSettings):
+class InferenceSettings(GenerationSettings):
+    """Where requests run: the inference threads, the event loop, ONNX Runtime's threads; the server's
+    settings extend this class."""
+
+    inference_threads: int = Field(2, ge=1)
+    """Threads running inference off the event loop, shared by models by weighted fair queueing (config
+    ``weight``); while several models are asked, none holds them all."""
+
+    inference_threads_per_model: int = Field(0, ge=0)
+    """Most inference threads one model holds at once (0: all but one while others are asked, else all)."""
+
+    cold_lane: bool = True
+    """Run requests to new shapes (buckets that have not earned a compile yet) on threads of their own in
+    Linux's idle scheduling class, so a storm of new shapes takes only the CPU established traffic leaves
+    (PP-OCR rec on 2 cores, 1,000 random widths: hot-shape p99 x1.66-1.72 without, x1.26-1.39 with). Complete
+    with ``ort_threads`` 1, where ONNX Runtime runs on the calling thread."""
+
+    inference_queue_size: int = Field(64, ge=0)
+    """Predictions that may wait for an inference thread; past it requests answer 503."""
+
+    inline_max_ms: float = Field(0.1, ge=0)
+    """Buckets whose engine runs average below this (ms) run on the event loop: cheaper than the hop to
+    an inference thread and back (measured ~40 us of CPU and a 5x worse p99 on a tiny model). 0: never."""
+
+    ort_threads: int = Field(1, ge=0)
+    """Intra-op threads of each served ONNX Runtime session (0: as ``kernel_threads``). One: requests
+    run side by side on the inference threads instead; measured on 2 cores (PP-OCR cls, no spinning),
+    one thread ran batch 1 in 0.91 ms against 1.32 ms on two, and batch 8 in the same 8 ms."""
+
+    ort_spinning: bool = False
+    """Let ONNX Runtime's idle intra-op threads spin between calls. Off: spinning threads hold the
+    cores a TVM call in the same process needs next (measured 4-13x slower TVM calls on 2 cores)."""
+
+
+class Settings(InferenceSettings):
     """Everything the server reads: the compile settings plus serving, routing and tuning."""
 
     host: str = "127.0.0.1"
@@ -166,37 +200,6 @@ class Settings(GenerationSettings):
     """Requests with a float input beyond this magnitude, or not finite, are served by ONNX Runtime, never
     by a kernel: kernels are verified on ordinary values, and a fused kernel orders overflowing arithmetic
     differently (all-3e38 inputs gave NaN from ONNX Runtime and finite numbers from a kernel)."""
-
-    inference_threads: int = Field(2, ge=1)
-    """Threads running inference (ONNX Runtime or TVM) off the event loop. Models share them by weighted fair
-    queueing (each model's ``weight`` in its config): a model under a storm keeps another's requests waiting
-    for at most one of its runs per thread."""
-
-    inference_threads_per_model: int = Field(0, ge=0)
-    """Most inference threads one model's runs hold at once (0: all of them): a cap keeps threads free for
-    other models while one model's runs are slow, at the cost of that model's throughput when it runs alone."""
-
-    cold_lane: bool = True
-    """Run requests to new shapes (buckets that have not earned a compile yet) on threads of their own in
-    Linux's idle scheduling class, so a storm of new shapes takes only the CPU established traffic leaves
-    (PP-OCR rec on 2 cores, 1,000 random widths: hot-shape p99 x1.66-1.72 without, x1.26-1.39 with). Complete
-    with ``ort_threads`` 1, where ONNX Runtime runs on the calling thread."""
-
-    inference_queue_size: int = Field(64, ge=0)
-    """Predictions that may wait for an inference thread; past it requests answer 503."""
-
-    inline_max_ms: float = Field(0.1, ge=0)
-    """Buckets whose engine runs average below this (ms) run on the event loop: cheaper than the hop to
-    an inference thread and back (measured ~40 us of CPU and a 5x worse p99 on a tiny model). 0: never."""
-
-    ort_threads: int = Field(1, ge=0)
-    """Intra-op threads of each served ONNX Runtime session (0: as ``kernel_threads``). One: requests
-    run side by side on the inference threads instead; measured on 2 cores (PP-OCR cls, no spinning),
-    one thread ran batch 1 in 0.91 ms against 1.32 ms on two, and batch 8 in the same 8 ms."""
-
-    ort_spinning: bool = False
-    """Let ONNX Runtime's idle intra-op threads spin between calls. Off: spinning threads hold the
-    cores a TVM call in the same process needs next (measured 4-13x slower TVM calls on 2 cores)."""
 
     kernel_cache_entries: int = Field(64, ge=1)
     """Most kernels held loaded in memory (LRU); evicted ones reload from the store."""

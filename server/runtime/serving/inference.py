@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -110,6 +111,12 @@ class Run:
     """Served by a bucket of the dynamic tier (by its symbolic kernel, or by ONNX Runtime until it has one)."""
 
 
+def model_weight(registry: Registry, model: str) -> float:
+    """A model's share of the inference threads (its config's ``weight``; 1 once it is no longer served)."""
+    served = registry.find(model)
+    return served.record.config.weight if served is not None else 1.0
+
+
 class Inference:
     def __init__(
         self,
@@ -138,8 +145,8 @@ class Inference:
         self.inline_max_ms = inline_max_ms
         self.admission = admission
         self.pool = FairPool(
-            threads, "jitserve-infer", max_threads_per_model=threads_per_model, weight_of=self._weight,
-            on_start=metrics.serving.record_queue_wait,
+            threads, "jitserve-infer", max_threads_per_model=threads_per_model,
+            weight_of=partial(model_weight, registry), on_start=metrics.serving.record_queue_wait,
         )  # fmt: skip
         self.cold_pool = (
             concurrent.futures.ThreadPoolExecutor(threads, "jitserve-cold", initializer=idle_thread_priority)
@@ -147,11 +154,6 @@ class Inference:
             else None
         )
         self._slots = threading.BoundedSemaphore(threads + queue_size)
-
-    def _weight(self, model: str) -> float:
-        """A model's share of the inference threads (its config's ``weight``; 1 once it is no longer served)."""
-        served = self.registry.find(model)
-        return served.record.config.weight if served is not None else 1.0
 
     def close(self) -> None:
         for pool in (self.pool, self.cold_pool):
