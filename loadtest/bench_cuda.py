@@ -132,6 +132,7 @@ def main() -> int:
     started = time.perf_counter()
     pool = ThreadPoolExecutor(args.workers)
     compiles = _compile_all(models, args.batches, args.tiers, store, pool=pool, log=log)
+    lines = []
     for name in args.models:
         # A model is timed once its own compiles are done: the later models' may still run on the CPUs.
         outcomes = {job: future.result() for job, future in compiles.items() if job[0] == name}
@@ -167,12 +168,27 @@ def main() -> int:
                 "ratio_vs_torch": {engine: round(ms / torch_ms, 2) for engine, ms in latency.items()},
             }
             print(json.dumps(line), flush=True)
+            lines.append(line)
             if args.out:
                 with open(args.out, "a") as out:
                     out.write(json.dumps(line) + "\n")
     pool.shutdown()
     log(f"median of {args.runs} calls each; {time.perf_counter() - started:.0f}s in all")
+    print(table(lines, args.tiers))
     return 0
+
+
+def table(lines: list[dict], tiers: list[str]) -> str:
+    """Each bucket's PyTorch fp32 time and every engine's ratio to it (``-``: did not verify)."""
+    engines = ["torch_f16_autocast", *tiers]
+    rows = [
+        "| model | batch | PyTorch fp32 ms | " + " | ".join(engines) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in engines) + " |",
+    ]
+    for line in lines:
+        ratios = [f"{line['ratio_vs_torch'][e]:.2f}x" if e in line["ratio_vs_torch"] else "-" for e in engines]
+        rows.append(f"| {line['model']} | {line['batch']} | {line['torch_ms']:.2f} | " + " | ".join(ratios) + " |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
