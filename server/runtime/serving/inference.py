@@ -13,7 +13,6 @@ bounded queue, past which requests answer 503.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import logging
 import threading
@@ -148,11 +147,7 @@ class Inference:
             threads, "jitserve-infer", max_threads_per_model=threads_per_model,
             weight_of=partial(model_weight, registry), on_start=metrics.serving.record_queue_wait,
         )  # fmt: skip
-        self.cold_pool = (
-            concurrent.futures.ThreadPoolExecutor(threads, "jitserve-cold", initializer=idle_thread_priority)
-            if cold_lane
-            else None
-        )
+        self.cold_pool = FairPool(threads, "jitserve-cold", initializer=idle_thread_priority) if cold_lane else None
         self._slots = threading.BoundedSemaphore(threads + queue_size)
 
     def close(self) -> None:
@@ -167,15 +162,13 @@ class Inference:
         function: Callable[..., T],
         *args: Any,
         model: str | None = None,
-        pool: concurrent.futures.Executor | None = None,
+        pool: FairPool | None = None,
     ) -> T:
         """``function(*args)`` on the inference threads (or ``pool``); 503 (counted for ``model``) when the
         bounded queue is full."""
         self._take_slot(model)
-        pool = pool or self.pool
-        call = (contextvars.copy_context().run, function, *args)
         try:
-            future = pool.submit_as(model or SHARED, *call) if isinstance(pool, FairPool) else pool.submit(*call)
+            future = (pool or self.pool).submit_as(model or SHARED, contextvars.copy_context().run, function, *args)
         except RuntimeError:
             self._slots.release()
             raise UnavailableError("server is shutting down") from None
@@ -185,10 +178,11 @@ class Inference:
     async def run(self, job: Job) -> Prediction:
         """Run a prepared request where it costs least (see the module's docstring)."""
         batcher, verdicts = job.served.batcher, job.served.batch_verdicts
-        if batcher is not None and job.plan is not None and (verdicts is None or verdicts.batches(job.group, job.plan)):
+        group = job.group if batcher is not None and job.plan is not None else None
+        if group is not None and (verdicts is None or verdicts.batches(group, job.plan)):
             self._take_slot(job.served.name)
             try:
-                future = batcher.submit(job, group=job.group, rows=job.rows)
+                future = batcher.submit(job, group=group, rows=job.rows)
             except RuntimeError:  # the version was replaced or unloaded a moment ago
                 self._slots.release()
                 return await self.offload(self.execute, job, model=job.served.name)
@@ -198,7 +192,7 @@ class Inference:
             return self.execute(job, bucket)
         return await self.offload(self.execute, job, model=job.served.name, pool=self._pool_for(job))
 
-    def _pool_for(self, job: Job) -> concurrent.futures.Executor:
+    def _pool_for(self, job: Job) -> FairPool:
         """The cold lane (idle priority) for a new shape (a bucket that has not earned a compile), else the inference
         threads."""
         if self.cold_pool is None or job.plan is None:
