@@ -30,11 +30,7 @@ REJUDGE_SECONDS = 1.0
 class Verdict:
     batches: bool
     reason: str
-    alone_ms: float | None = None
-    """A lone request's run (the batch-1 bucket's), in ms."""
-    batched_row_ms: float | None = None
-    """A row of the group's largest measured batch bucket, in ms."""
-    rows: int | None = None
+    """Why, with the figures: a batched row's run against a lone request's."""
     judged: float = 0.0
     off_since: float | None = None
 
@@ -75,7 +71,7 @@ class BatchVerdicts:
         label = alone_bucket.label if alone_bucket is not None else bucket_label(plan.bucket)
         if previous is not None and previous.off_since is not None:
             if now - previous.off_since < RETRY_SECONDS:
-                return label, Verdict(**{**previous.__dict__, "judged": now})
+                return label, Verdict(False, previous.reason, now, previous.off_since)
             # Batched again for a second, so that the batched buckets' recent runs are today's.
             return label, Verdict(True, f"on: measuring again ({previous.reason})", judged=now)
         alone = alone_bucket.recent_floor_ms() if alone_bucket is not None else None
@@ -88,9 +84,9 @@ class BatchVerdicts:
         row_ms = batch_ms / rows
         figures = f"a row of a {rows}-row batch runs in {row_ms:.3f} ms, a request alone in {alone:.3f} ms"
         if row_ms < ROW_SHARE * alone:
-            return label, Verdict(True, f"on: {figures}", alone, row_ms, rows, now)
+            return label, Verdict(True, f"on: {figures}", now)
         return label, Verdict(False, f"off: rows get no cheaper ({figures}); measured again after "
-                                     f"{RETRY_SECONDS:g} s", alone, row_ms, rows, now, now)  # fmt: skip
+                                     f"{RETRY_SECONDS:g} s", now, now)  # fmt: skip
 
     def _bucket(self, plan: BucketPlan, rows: int) -> ServedBucket | None:
         """The group's bucket at ``rows`` rows, where it has been served."""
