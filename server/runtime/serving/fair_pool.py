@@ -65,11 +65,13 @@ class FairPool(concurrent.futures.Executor):
         self._on_start = on_start
         self._initializer = initializer
         self._lanes: dict[Hashable, _Lane] = {}
+        self._name = name
         self._ready = threading.Condition()
         self._shutdown = False
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        """Threads waiting for work: a submit finding none starts another, up to ``threads`` (as a
+        ThreadPoolExecutor does, so an unused pool, the cold lane on a warm server, holds no threads)."""
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         return self.submit_as(SHARED, fn, *args, **kwargs)
@@ -86,6 +88,10 @@ class FairPool(concurrent.futures.Executor):
                 busy = [other.service for other in self._lanes.values()]
                 lane = self._lanes[key] = _Lane(service=min(busy, default=0.0))
             lane.tasks.append(_Task(future, lambda: fn(*args, **kwargs)))
+            if self._idle == 0 and len(self._threads) < self.threads:
+                thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
             self._ready.notify()
         return future
 
@@ -121,7 +127,11 @@ class FairPool(concurrent.futures.Executor):
                     return key, lane, task
                 if self._shutdown and not any(lane.tasks for lane in self._lanes.values()):
                     return None
-                self._ready.wait(SHARING_SECONDS)  # a cap lifts as the other models go quiet
+                self._idle += 1
+                try:
+                    self._ready.wait(SHARING_SECONDS)  # a cap lifts as the other models go quiet
+                finally:
+                    self._idle -= 1
 
     def _cap(self) -> int:
         """The threads one model may hold now: all but one while others were asked lately (the shared lane's
@@ -143,22 +153,25 @@ class FairPool(concurrent.futures.Executor):
         if self._initializer is not None:
             self._initializer()
         while (picked := self._next()) is not None:
-            key, lane, task = picked
-            try:
-                if task.future.set_running_or_notify_cancel():
-                    self._on_start(key, time.perf_counter() - task.queued)
-                    try:
-                        result = task.call()
-                    except BaseException as exc:  # noqa: BLE001 - the caller's future carries it
-                        task.future.set_exception(exc)
-                    else:
-                        task.future.set_result(result)
-            finally:
-                with self._ready:
-                    lane.running -= 1
-                    if not lane.tasks and not lane.running and self._lanes.get(key) is lane:
-                        del self._lanes[key]  # idle: an unloaded model's lane goes; a returning one is levelled
-                    self._ready.notify()
+            self._run(*picked)
+            del picked  # an idle thread must not keep its last request (its model's engine) alive
+
+    def _run(self, key: Hashable, lane: _Lane, task: _Task) -> None:
+        try:
+            if task.future.set_running_or_notify_cancel():
+                self._on_start(key, time.perf_counter() - task.queued)
+                try:
+                    result = task.call()
+                except BaseException as exc:  # noqa: BLE001 - the caller's future carries it
+                    task.future.set_exception(exc)
+                else:
+                    task.future.set_result(result)
+        finally:
+            with self._ready:
+                lane.running -= 1
+                if not lane.tasks and not lane.running and self._lanes.get(key) is lane:
+                    del self._lanes[key]  # idle: an unloaded model's lane goes; a returning one is levelled
+                self._ready.notify()
 
 
 class _LaneExecutor(concurrent.futures.Executor):

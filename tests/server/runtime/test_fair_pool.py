@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -141,3 +142,23 @@ def test_shutdown_cancels_what_waits_and_refuses_new_work():
         pool.submit_as("a", gate.run, "a3", "a")
     gate.release.set()
     assert running.result(10) == "a"
+
+
+def test_threads_start_as_work_comes_and_an_idle_one_keeps_nothing_of_its_last_run():
+    """An unused pool (the cold lane of a warm server) holds no threads, and a thread waiting for work holds
+    no reference to its last request: that would keep a deleted model's engine, and its weights, alive."""
+
+    class Engine:
+        pass
+
+    pool = FairPool(2, "test")
+    try:
+        assert not [t for t in threading.enumerate() if t.name.startswith("test_")]
+        engine = Engine()
+        gone = weakref.ref(engine)
+        assert pool.submit_as("m", lambda held: type(held).__name__, engine).result(5) == "Engine"
+        assert [t.name for t in threading.enumerate() if t.name.startswith("test_")] == ["test_0"]
+        del engine
+        wait_until(lambda: gone() is None, timeout=2)
+    finally:
+        pool.shutdown()
