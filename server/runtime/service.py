@@ -24,6 +24,7 @@ from compiler.storage.store import KernelStore
 from ..settings import Settings
 from .compiling.builds import BucketBuilder
 from .compiling.compile_admission import CompileAdmission
+from .compiling.rerouter import Rerouter
 from .compiling.router import Router
 from .compiling.scheduler import CompileScheduler
 from .compiling.tuner import BackgroundTuner
@@ -67,6 +68,7 @@ class ModelService:
     inference: Inference
     admission: ModelAdmission
     tuner: BackgroundTuner
+    rerouter: Rerouter
     store_watch: StoreWatch
     store_janitor: StoreJanitor
     json_parsers: JsonParsers
@@ -93,6 +95,8 @@ class ModelService:
         self.metrics.kernels.set_store_check(store="models", ok=models_ok, damaged=models_skipped)
         if self.jit_enabled and self.settings.tuning_enabled:
             self.tuner.start()
+        if self.jit_enabled:
+            self.rerouter.start()
         self.store_watch.start()
         if self.settings.kernel_store_bytes:
             self.store_janitor.start()
@@ -104,6 +108,7 @@ class ModelService:
         self.store_watch.stop()
         self.store_janitor.stop()
         self.tuner.stop()
+        self.rerouter.stop()
         for served in self.registry.all():
             served.retire()
         stopped = stop_children()

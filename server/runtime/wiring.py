@@ -13,6 +13,7 @@ from ..settings import Settings
 from .compiling.builds import BucketBuilder, CompileFunction
 from .compiling.compile_admission import CompileAdmission, compile_held
 from .compiling.openvino_builds import OpenVinoBuilds
+from .compiling.rerouter import Rerouter
 from .compiling.router import Router
 from .compiling.scheduler import CompileScheduler
 from .compiling.tuner import BackgroundTuner
@@ -115,6 +116,7 @@ def build_runtime(
         inference=inference,
         admission=admission,
         tuner=BackgroundTuner(settings, registry.all, builder.tune),
+        rerouter=Rerouter(settings, registry.all, kernels, router),
         store_watch=StoreWatch(models_store, admission.follow_store, metrics, interval=settings.model_watch_seconds),
         store_janitor=StoreJanitor(
             settings, artifacts, models_store, served=registry.all, in_use=kernels.loaded_keys, metrics=metrics

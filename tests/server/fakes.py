@@ -4,6 +4,7 @@ that compute with ONNX Runtime at a chosen extra latency."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -100,13 +101,16 @@ class FakeCompiler:
 
 
 class SlowEngine:
-    """Any engine plus a fixed delay per call; ``hold`` blocks calls until released."""
+    """Any engine plus a fixed delay per call; ``hold`` blocks calls until released. Calls holding ``turns``
+    for their delay take turns, as kernels that each use every core do; others overlap, as ONNX Runtime
+    sessions on one thread each do."""
 
     name = "slow"
 
-    def __init__(self, inner: Engine, delay: float = 0.0) -> None:
+    def __init__(self, inner: Engine, delay: float = 0.0, turns: threading.Lock | None = None) -> None:
         self.inner = inner
         self.delay = delay
+        self.turns = turns or contextlib.nullcontext()
         self.hold = threading.Event()
         self.hold.set()
         self.entered = threading.Event()
@@ -117,21 +121,24 @@ class SlowEngine:
         self.entered.set()
         assert self.hold.wait(30), "the test never released the engine"
         if self.delay:
-            time.sleep(self.delay)
+            with self.turns:
+                time.sleep(self.delay)
         return self.inner.run(inputs)
 
 
 class FakeKernels:
     """``open_engine`` for the runtime: a "kernel" computing with ONNX Runtime on the model's bytes."""
 
-    def __init__(self, model_bytes: bytes, delay: float = 0.0) -> None:
+    def __init__(self, model_bytes: bytes, delay: float = 0.0, *, every_core: bool = False) -> None:
+        """``every_core``: the kernels' delays take turns (all instances': they share the cores)."""
         self.model_bytes = model_bytes
         self.delay = delay
+        self.turns = threading.Lock() if every_core else None
         self.opened: list[SlowEngine] = []
 
     def __call__(self, library: Path, signature, target, weights) -> Engine:
         assert Path(library).is_file()
-        engine = SlowEngine(OrtEngine(self.model_bytes, spinning=False), self.delay)
+        engine = SlowEngine(OrtEngine(self.model_bytes, spinning=False), self.delay, self.turns)
         self.opened.append(engine)
         return engine
 

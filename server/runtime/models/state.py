@@ -186,6 +186,8 @@ class ServedBucket:
         """What the route was chosen by: one request's latency, or throughput at the peak concurrency."""
         self.peak_concurrency = 1
         """Most of its requests seen running at once."""
+        self.overlapped_runs = 0
+        """Its runs that started beside another of its runs since it was last routed."""
         self._in_flight = 0
         self.demoted: dict[str, str] = dict(demoted or {})
         """Kernel key -> why a shadow check took it off this bucket: never routed again."""
@@ -256,6 +258,7 @@ class ServedBucket:
             self.latency_ms = {engine: round(ms, 4) for engine, ms in latency_ms.items()}
             self.throughput_rps = {engine: round(rps, 1) for engine, rps in (throughput_rps or {}).items()}
             self.routed_by = "throughput" if throughput_rps else "latency"
+            self.overlapped_runs = 0
             if padded_error is not None:
                 self.padded_error = {engine: float(f"{error:.3g}") for engine, error in padded_error.items()}
             if compile_seconds is not None:
@@ -321,6 +324,7 @@ class ServedBucket:
         with self._lock:
             self._in_flight += 1
             self.peak_concurrency = max(self.peak_concurrency, self._in_flight)
+            self.overlapped_runs += self._in_flight > 1
 
     def observe_run(self, ms: float | None) -> None:
         """One run of the engine serving the bucket ends (``None``: it failed); its time is averaged

@@ -183,6 +183,37 @@ def test_route_goes_to_the_faster_engine(tmp_path, compiler, kernel_delay, ort_d
         service.close()
 
 
+@pytest.mark.parametrize(("kernel_delay", "route"), [(0.004, "onnxruntime"), (0.0015, "tvm")])
+def test_a_kernel_routed_by_latency_is_measured_again_by_throughput_once_requests_run_side_by_side(
+    tmp_path, compiler, kernel_delay, route
+):
+    """The kernel answers one request faster than ONNX Runtime (6 ms), but its calls take turns, as a kernel
+    using every core does, where ONNX Runtime's overlap. Routed by latency while requests come one at a time;
+    once they run side by side it is measured again at that concurrency: at 4 ms a call, 2 ONNX Runtime
+    calls at once serve more; at 1.5 ms the kernel still serves more."""
+    kernels = FakeKernels(DEMO, delay=kernel_delay, every_core=True)
+    service = make_service(tmp_path, compiler, kernels, inference_threads=2)
+    try:
+        served = admit(service, "m", DEMO, CONFIG)
+        served.ort = SlowEngine(served.ort, 0.006)
+        service.predict("m", {"x": rows(1)})
+        wait_until(lambda: bucket_state(service, "x=1x4") is BucketState.READY)
+        described = service.describe("m")["buckets"][0]
+        assert (described["engine"], described["routed_by"]) == ("tvm", "latency")
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: service.predict("m", {"x": rows(1)}), range(80)))
+        for prediction in answers:
+            np.testing.assert_allclose(prediction.outputs["probs"], expected(1), rtol=1e-6)
+        wait_until(lambda: service.describe("m")["buckets"][0]["routed_by"] == "throughput", timeout=30)
+        described = service.describe("m")["buckets"][0]
+        assert described["engine"] == route, described
+        assert set(described["throughput_rps"]) == {"onnxruntime", "tvm"} and described["peak_concurrency"] >= 2
+        assert service.predict("m", {"x": rows(1)}).engine == route
+    finally:
+        service.close()
+
+
 def test_route_is_restored_after_restart_without_compile_or_timing(tmp_path, compiler):
     kernels = FakeKernels(DEMO)
     first = make_service(tmp_path, compiler, kernels, routing="compiled")
