@@ -221,7 +221,7 @@ def compare(name: str, args: argparse.Namespace, folder: Path) -> list[dict]:
     json_headers = {"Content-Type": "application/json"}
     binary_headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(head_length)}
 
-    settings = {} if args.jit else {"compile_workers": 0}
+    settings = ({"tuning_enabled": False} if args.no_tuning else {}) if args.jit else {"compile_workers": 0}
     grpc_port = free_port()
     jitserve, url = start_server(str(folder / f"data-{name}"), grpc_port=grpc_port, **settings)
     naives = {form: start_naive(path, env) for form, env in NAIVE_FORMS.items()}
@@ -321,6 +321,9 @@ def main() -> int:
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--duration", type=int, default=10, help="seconds of load per measurement")
     parser.add_argument("--jit", action="store_true", help="let jitserve compile and route kernels too")
+    parser.add_argument(
+        "--no-tuning", action="store_true", help="with --jit: no background tuning (its compiles share the cores)"
+    )
     parser.add_argument(
         "--grpc-connections", type=int, default=1, help="HTTP/2 connections the gRPC calls share (a channel: 1)"
     )

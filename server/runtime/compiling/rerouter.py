@@ -19,7 +19,7 @@ from ...settings import Settings
 from ..memory.kernel_cache import Kernels
 from ..models.periodic import Periodic
 from ..models.registry import ServedModel
-from ..models.state import BF16_TIER, BucketState, ServedBucket, TuningState
+from ..models.state import BF16_TIER, BucketState, ServedBucket
 from .openvino_builds import OPENVINO
 from .router import Router
 
@@ -68,8 +68,7 @@ class Rerouter:
             and bucket.routed_by == "latency"
             and bucket.route not in (None, "onnxruntime")
             and bucket.overlapped_runs >= OVERLAPPED_RUNS_TO_REROUTE
-            and (bucket.tuning is None or bucket.tuning.state is not TuningState.TUNING)  # tuning routes it next
-        ]
+        ]  # a bucket being tuned too: its tuning takes a minute, and routes it again (by throughput) as it ends
 
     def reroute_due(self) -> int:
         """Measure and route every due bucket again; returns how many changed engine."""

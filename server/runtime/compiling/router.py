@@ -5,6 +5,7 @@ compile or a re-measure."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 
@@ -45,6 +46,9 @@ class Router:
         self.metrics = metrics
         self.models = models
         self.artifacts = artifacts
+        self._routing = threading.Lock()
+        """One routing at a time (a compile's, tuning's, a re-route's): engines are not timed against
+        each other's measurements, and one bucket's routes do not cross."""
 
     def route(
         self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine], *, unavailable: str | None = None
@@ -57,6 +61,12 @@ class Router:
         its pad and cut-back. ``kernels`` are private instances, so a kernel serving live traffic
         is not timed while it waits for its own requests.
         """
+        with self._routing:
+            return self._route(served, bucket, kernels, unavailable)
+
+    def _route(
+        self, served: ServedModel, bucket: ServedBucket, kernels: dict[str, Engine], unavailable: str | None
+    ) -> str:
         inputs, engines = self._serving(served, bucket, kernels, served.planner.typical_request(bucket.bucket))
         timed = {"onnxruntime": served.ort, **engines}
         with children_paused() as paused:  # other buckets' compiles and tuning wait: a fair measurement
