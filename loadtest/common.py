@@ -72,8 +72,10 @@ def wait_warm(url: str, names: list[str], timeout: float = 1200) -> None:
     uploaded after the start: ONNX Runtime serves them while they compile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        buckets = [b for name in names for b in httpx.get(f"{url}/models/{name}", timeout=10).json()["buckets"]]
-        if all(b["state"] in ("ready", "failed") for b in buckets if b["warm"]):
+        described = [httpx.get(f"{url}/models/{name}", timeout=10).json() for name in names]
+        probed = all(d["padding_probe"]["state"] in ("done", "failed") for d in described)  # warm buckets known
+        buckets = [b for d in described for b in d["buckets"]]
+        if probed and all(b["state"] in ("ready", "failed") for b in buckets if b["warm"]):
             return
         time.sleep(0.5)
     raise TimeoutError(f"warm buckets of {names} did not settle in {timeout:g} s")

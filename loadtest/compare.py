@@ -1,7 +1,8 @@
 """jitserve's request path against the naive FastAPI + ONNX Runtime server, same model, same load,
 one run (in the spirit of Triton's perf_analyzer):
 
-    .venv/bin/python loadtest/compare.py [--models demo cls] [--connections 1 8 32] [--duration 10] [--jit [--no-tuning]]
+    .venv/bin/python loadtest/compare.py [--models demo cls] [--connections 1 8 32] [--duration 10]
+        [--jit [--no-tuning]]
 
 For each model it starts the naive server (``loadtest/naive_server.py``) in both forms a newcomer
 writes (``def`` on FastAPI's thread pool, and ``async def`` running ONNX Runtime on the event loop)
