@@ -274,7 +274,9 @@ class ModelAdmission:
             if not served.retired:
                 served.batching = why
                 served.batcher = self.start_batcher(served, config.dynamic_batching, preferred)
-                served.batch_verdicts = BatchVerdicts(served.planner, served.find_bucket, preferred)
+                served.batch_verdicts = BatchVerdicts(
+                    served.planner, served.find_bucket, preferred, inline_max_ms=self.settings.inline_max_ms
+                )
 
     # -- the padding probe, in the background ------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 
 from compiler.models.signature import read_signature
 from compiler.shapes.buckets import AxisPolicy, AxisSafety, BucketPlanner, bucket_label
-from server.runtime.models.state import RUNS_TO_TELL, ServedBucket
+from server.runtime.models.state import RUN_WINDOW, RUNS_TO_TELL, ServedBucket
 from server.runtime.serving import batch_verdicts
 from server.runtime.serving.batch_verdicts import BatchVerdicts
 from tests import synthetic
@@ -38,7 +38,7 @@ def planned():
             served.begin_run()
             served.observe_run(ms)
 
-    verdicts = BatchVerdicts(planner, lambda bucket: buckets.get(bucket_label(bucket)), {1, 2, 4, 8})
+    verdicts = BatchVerdicts(planner, lambda bucket: buckets.get(bucket_label(bucket)), {1, 2, 4, 8}, inline_max_ms=0.1)
     return planner, serve, verdicts
 
 
@@ -78,3 +78,23 @@ def test_a_group_whose_rows_get_no_cheaper_skips_the_batcher_then_is_measured_ag
     clock[0] += batch_verdicts.REJUDGE_SECONDS
     assert verdicts.batches(group, plan)
     assert verdicts.describe()[0]["reason"].startswith("on: a row of a 8-row batch runs in 0.500 ms")
+
+
+def test_a_group_whose_requests_run_in_less_than_a_hop_to_a_thread_skips_the_batcher(planned, clock):
+    """A tiny model's rows get cheaper in a batch, but the batcher's hop to a thread and back costs more than
+    the run: its requests run on the event loop instead, for as long as they stay that fast."""
+    planner, serve, verdicts = planned
+    plan = planner.plan({"x": (1, 5)})
+    group = ("seq", 5)
+    serve(1, 0.03)
+    serve(8, 0.04)
+    assert not verdicts.batches(group, plan)
+    assert (
+        verdicts.describe()[0]["reason"]
+        == "off: a request alone runs in 0.030 ms, under the 0.1 ms of a hop to a thread"
+    )
+    for _ in range(RUN_WINDOW // RUNS_TO_TELL):  # slower now (another engine), over the whole run window
+        serve(1, 0.5)  # batched again at the next verdict, no retry wait
+    clock[0] += batch_verdicts.REJUDGE_SECONDS
+    assert verdicts.batches(group, plan)
+    assert verdicts.describe()[0]["reason"].startswith("on: a row of a 8-row batch runs in 0.005 ms")
