@@ -342,6 +342,11 @@ class ServedBucket:
             recent = list(self._recent_runs)[-runs:]
         return min(recent) if len(recent) >= runs else None
 
+    @property
+    def run_floor_ms(self) -> float | None:
+        """The fastest of its recent runs (what :meth:`runs_below` reads); None before enough of them."""
+        return self._run_floor_ms if len(self._recent_runs) >= RUNS_TO_TELL else None
+
     def runs_below(self, ms: float) -> bool:
         """The fastest of its recent runs took less than ``ms`` (after enough of them to tell). Not their
         average: a run's wall time also holds the wait for Python's GIL once the engine returns, up to the

@@ -82,11 +82,12 @@ class BatchVerdicts:
             # Batched again for a second, so that the batched buckets' recent runs are today's.
             return label, Verdict(True, f"on: measuring again ({previous.reason})", judged=now)
         alone = alone_bucket.recent_floor_ms() if alone_bucket is not None else None
-        if alone is not None and alone_bucket.runs_below(self.inline_max_ms):
+        if alone_bucket is not None and alone_bucket.runs_below(self.inline_max_ms):
             # The batcher hands a request to a thread and back, which costs more than the whole run (the
             # demo model at 8 in flight: 0.77x the throughput unbatched). Judged again each second: while
             # off, its runs go on being measured.
-            return label, Verdict(False, f"off: a request alone runs in {alone:.3f} ms, under the "
+            fastest = alone_bucket.run_floor_ms
+            return label, Verdict(False, f"off: a request alone runs in {fastest:.3f} ms, under the "
                                          f"{self.inline_max_ms:g} ms of a hop to a thread", now)  # fmt: skip
         measured = [(rows, bucket.recent_floor_ms()) for rows in self.sizes if (bucket := self._bucket(plan, rows))]
         measured = [(rows, ms) for rows, ms in measured if ms is not None]
