@@ -72,7 +72,14 @@ class Rerouter:
 
     def reroute_due(self) -> int:
         """Measure and route every due bucket again; returns how many changed engine."""
-        return sum(self.reroute(served, bucket) for served, bucket in self.due())
+        changed = 0
+        for served, bucket in self.due():
+            try:
+                changed += self.reroute(served, bucket)
+            except Exception:  # one bucket's failure leaves the others to be measured
+                log.exception("%s %s: routing again by throughput failed", served.name, bucket.label)
+            bucket.overlapped_runs = 0  # whatever came of it, due again only after as many overlaps
+        return changed
 
     def reroute(self, served: ServedModel, bucket: ServedBucket) -> bool:
         """The bucket's engine and its other loaded compiled kernels against ONNX Runtime, by throughput at
