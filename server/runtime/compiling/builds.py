@@ -26,9 +26,8 @@ from ..memory.kernel_cache import Kernels
 from ..models.registry import ServedModel
 from ..models.state import BF16_TIER, BucketState, CompileEvent, ServedBucket, TuningState, TuningStatus
 from ..observability.metrics import Metrics
-from .openvino_builds import OPENVINO
 from .progress import TuningWatch
-from .router import Router
+from .router import Router, held_apart
 
 log = logging.getLogger("jitserve")
 
@@ -187,8 +186,8 @@ class BucketBuilder:
                 bucket.fail(with_openvino_failure(bucket, failure))
             return
         route = self.router.route(served, bucket, candidates, unavailable=failure)
-        for name in [*openvino, BF16_TIER]:
-            if name != route and name in candidates:
+        for name in candidates:
+            if name != route and held_apart(name):
                 self.kernels.drop(served, bucket.key_for(name))  # measured slower: its memory goes back
 
     def _compile_tvm(self, served: ServedModel, bucket: ServedBucket) -> TierBuild:
@@ -314,8 +313,8 @@ class BucketBuilder:
                 tier: self.kernels.open(served, key)
                 for tier, key in (("tvm", bucket.key), ("tvm-tuned", outcome.manifest.key))
             }
-            held_apart = serving.startswith(OPENVINO) or serving == BF16_TIER  # tiers the tuned kernel may replace
-            held = self.kernels.get(served, bucket.key_for(serving) or "") if held_apart else None
+            # A tier the tuned kernel may replace:
+            held = self.kernels.get(served, bucket.key_for(serving) or "") if held_apart(serving) else None
             if held is not None:  # built and held: it serves the bucket now, and is timed as it is
                 candidates[serving] = held
             routed = self.router.route(served, bucket, candidates)

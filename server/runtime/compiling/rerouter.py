@@ -19,9 +19,8 @@ from ...settings import Settings
 from ..memory.kernel_cache import Kernels
 from ..models.periodic import Periodic
 from ..models.registry import ServedModel
-from ..models.state import BF16_TIER, BucketState, ServedBucket
-from .openvino_builds import OPENVINO
-from .router import Router
+from ..models.state import BucketState, ServedBucket
+from .router import Router, held_apart
 
 log = logging.getLogger("jitserve")
 
@@ -30,7 +29,7 @@ OVERLAPPED_RUNS_TO_REROUTE = 16
 load, not two requests that met once."""
 
 COMPILED_TIERS = ("tvm", "tvm-tuned")
-"""Kernels opened afresh to be timed (their live instance keeps serving); other tiers are timed as held."""
+"""The bucket's TVM kernels, timed beside the engine serving it where loaded."""
 
 
 class Rerouter:
@@ -90,12 +89,13 @@ class Rerouter:
             key = bucket.key_for(tier)
             held = self.kernels.get(served, key) if key is not None and key not in bucket.demoted else None
             if held is not None:
-                candidates[tier] = self.kernels.open(served, key) if tier in COMPILED_TIERS else held
+                # A kernel is timed as a fresh instance (its live one keeps serving), a tier held apart as held.
+                candidates[tier] = held if held_apart(tier) else self.kernels.open(served, key)
         if serving not in candidates:
             return False  # evicted or demoted meanwhile: it is routed when it is loaded again
         routed = self.router.route(served, bucket, candidates)
         log.info("%s %s: its requests run side by side; routed again by throughput: %s -> %s",
                  served.name, bucket.label, serving, routed)  # fmt: skip
-        if routed != serving and (serving.startswith(OPENVINO) or serving == BF16_TIER):
+        if routed != serving and held_apart(serving):
             self.kernels.drop(served, bucket.key_for(serving))  # measured slower: its memory goes back
         return routed != serving

@@ -22,8 +22,15 @@ from ..models.records import BucketRecord, ModelStore
 from ..models.registry import ServedModel
 from ..models.state import BF16_TIER, ServedBucket
 from ..observability.metrics import Metrics
+from .openvino_builds import OPENVINO
 
 log = logging.getLogger("jitserve")
+
+
+def held_apart(engine: str) -> bool:
+    """A tier held as it was built (OpenVINO's builds, the bf16 kernel), beside the bucket's TVM kernels: timed
+    as it is held, and dropped when another engine wins the bucket (its memory goes back)."""
+    return engine.startswith(OPENVINO) or engine == BF16_TIER
 
 
 class ServingKernel:
